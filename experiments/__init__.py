@@ -1,0 +1,1 @@
+"""Experiments and benchmarks; each writes data and plots under results/."""

@@ -1,0 +1,195 @@
+"""Compile every Triton kernel variant the model uses for real GPU targets, on a CPU machine.
+
+The interpreter (TRITON_INTERPRET=1) runs what a GPU compiler would reject (a `tl.dot`
+under 16, a shared-memory overflow, a register spill), so the CPU test suite also builds
+each variant with Triton's own compiler for sm_90 and sm_80 and reads the cubin's resource
+usage with the bundled `cuobjdump` and `ptxas -v`.
+
+Each kernel module in this package registers its variants with a module-level function
+``compile_variants() -> list[KernelVariant]``; this file discovers them, so adding a kernel
+file needs no edit here.
+
+Run it in a process *without* TRITON_INTERPRET (the decorator picks interpreter or JIT at
+import time):
+
+    python -m kernels.compile_check            # table: registers, shared memory, spills
+    python -m kernels.compile_check --json F   # also write the rows as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+TARGETS = ((90, "sm_90"), (80, "sm_80"))
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelVariant:
+    """One specialization of a `@triton.jit` function, as the launcher would build it."""
+
+    name: str  # readable id, e.g. "paged_attention/decode/bf16/d128/bs16"
+    fn: Any  # the triton.JITFunction
+    signature: dict[str, str]  # arg name -> "*fp32", "i32", "constexpr", ...
+    constexprs: dict[str, Any]  # constexpr arg name -> value
+    num_warps: int = 4
+    num_stages: int = 2
+    divisible_by_16: tuple[str, ...] = ()  # args the launcher guarantees are multiples of 16
+
+
+@dataclasses.dataclass
+class CompileResult:
+    variant: str
+    arch: str
+    ok: bool
+    registers: int = -1
+    shared_bytes: int = -1
+    local_bytes: int = -1  # per-thread local memory: stack frames and spills
+    spill_store_bytes: int = -1
+    spill_load_bytes: int = -1
+    error: str = ""
+
+    @property
+    def spills(self) -> int:
+        return max(self.spill_store_bytes, 0) + max(self.spill_load_bytes, 0)
+
+
+def discover_variants() -> list[KernelVariant]:
+    """All variants registered by the modules of the `kernels` package."""
+    import kernels
+
+    variants: list[KernelVariant] = []
+    for info in pkgutil.iter_modules(kernels.__path__):
+        if info.ispkg or info.name == "compile_check":
+            continue
+        module = importlib.import_module(f"kernels.{info.name}")
+        register = getattr(module, "compile_variants", None)
+        if register is not None:
+            variants.extend(register())
+    return variants
+
+
+def _nvidia_tool(name: str) -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        out = subprocess.run(
+            [_nvidia_tool("cuobjdump"), "--dump-resource-usage", f.name],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    finally:
+        os.unlink(f.name)
+    usage = {key: int(val) for key, val in re.findall(r"\b(REG|SHARED|LOCAL|STACK):(\d+)", out)}
+    return usage
+
+
+def _ptxas_path(cc: int) -> str:
+    """The ptxas Triton itself uses for `cc` (Triton 3.9 ships a newer one for sm_90+)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return get_ptxas(cc).path
+    except ImportError:
+        return _nvidia_tool("ptxas")
+
+
+def _ptxas_spills(ptx: str, cc: int) -> tuple[int, int]:
+    """Spill store/load bytes reported by `ptxas -v` for the kernel's PTX."""
+    arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)  # sm_90a, sm_80
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        proc = subprocess.run(
+            [_ptxas_path(cc), f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+            capture_output=True, text=True, check=True,
+        )
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
+    return (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+
+
+def compile_variant(variant: KernelVariant, cc: int, arch: str) -> CompileResult:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    attrs = {(variant.fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in variant.divisible_by_16}
+    src = ASTSource(fn=variant.fn, signature=variant.signature, constexprs=variant.constexprs, attrs=attrs)
+    try:
+        compiled = triton.compile(
+            src,
+            target=GPUTarget("cuda", cc, 32),
+            options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
+        )
+    except Exception as exc:  # the compiler's message is the useful part
+        return CompileResult(variant.name, arch, ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
+    usage = _resource_usage(compiled.asm["cubin"])
+    stores, loads = _ptxas_spills(compiled.asm["ptx"], cc)
+    return CompileResult(
+        variant.name, arch, ok=True,
+        registers=usage.get("REG", -1),
+        shared_bytes=int(compiled.metadata.shared),
+        local_bytes=usage.get("LOCAL", -1),
+        spill_store_bytes=stores,
+        spill_load_bytes=loads,
+    )
+
+
+def check_all(name_filter: str = "") -> list[CompileResult]:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("kernels.compile_check needs TRITON_INTERPRET unset: the interpreter replaces the JIT")
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    results = []
+    for variant in discover_variants():
+        if name_filter and name_filter not in variant.name:
+            continue
+        for cc, arch in TARGETS:
+            results.append(compile_variant(variant, cc, arch))
+    return results
+
+
+def format_table(results: list[CompileResult]) -> str:
+    head = f"{'variant':<56} {'arch':<6} {'regs':>5} {'smem B':>8} {'local B':>8} {'spill st/ld B':>14}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if r.ok:
+            lines.append(
+                f"{r.variant:<56} {r.arch:<6} {r.registers:>5} {r.shared_bytes:>8} {r.local_bytes:>8} "
+                f"{r.spill_store_bytes:>6}/{r.spill_load_bytes:<7}"
+            )
+        else:
+            lines.append(f"{r.variant:<56} {r.arch:<6} FAILED: {r.error.splitlines()[0] if r.error else ''}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument("--filter", default="", help="only variants whose name contains this string")
+    args = parser.parse_args(argv)
+    results = check_all(args.filter)
+    print(format_table(results))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+    bad = [r for r in results if not r.ok or r.spills > 0 or r.local_bytes > 0]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

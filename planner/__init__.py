@@ -1,0 +1,1 @@
+"""Prefill planning, scheduling, paged KV blocks, prefix cache and SSM snapshot store."""
