@@ -1,0 +1,150 @@
+"""A fixed pool of paged-KV blocks: reference counts, chained block hashes, an O(1) LRU free list.
+
+A block's identity is its whole prefix: its hash chains the parent block's hash with its own
+token ids (sha256, so two different prefixes collide with probability ~2^-256, and a cached
+block is never served for a prefix it does not hold). A block whose reference count drops to
+zero keeps its hash and stays findable until it is reused: free blocks sit in an LRU list
+(oldest first) and allocation takes from the front, evicting that block's cache entry.
+
+Allocation reports a shortage by returning None, never by raising, so the caller can make
+the request wait or preempt another one. Blocks are freed in reverse order, so a sequence's
+tail blocks (the least shareable) are evicted before its head blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+from array import array
+from typing import Iterable, Sequence
+
+BlockHash = bytes
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
+    """Hash of a full block given its parent's hash (None for the first block)."""
+    h = hashlib.sha256(parent or b"root")
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+def hash_full_blocks(token_ids: Sequence[int], block_size: int, num_blocks: int | None = None) -> list[BlockHash]:
+    """Chained hashes of the leading full blocks of `token_ids` (at most `num_blocks`)."""
+    if block_size < 1:
+        raise ValueError(f"block_size: must be >= 1, got {block_size}")
+    n = len(token_ids) // block_size if num_blocks is None else min(num_blocks, len(token_ids) // block_size)
+    hashes: list[BlockHash] = []
+    parent = None
+    for i in range(n):
+        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size])
+        hashes.append(parent)
+    return hashes
+
+
+@dataclasses.dataclass(eq=False)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None  # set once the block is full and published
+
+    def __repr__(self) -> str:
+        return f"KVBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+@dataclasses.dataclass
+class BlockPoolStats:
+    allocated: int = 0
+    freed: int = 0
+    cache_hits: int = 0  # blocks adopted from the cache
+    evicted: int = 0  # cached blocks reused for new content
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # block_id -> block, oldest-freed first; OrderedDict gives O(1) pop-front, append, remove.
+        self._free: collections.OrderedDict[int, KVBlock] = collections.OrderedDict((b.block_id, b) for b in self.blocks)
+        self._cached: dict[BlockHash, KVBlock] = {}
+        self.stats = BlockPoolStats()
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def free_block_ids(self) -> list[int]:
+        """Free blocks in eviction order (next to be allocated first)."""
+        return list(self._free)
+
+    def get_cached(self, block_hash: BlockHash) -> KVBlock | None:
+        return self._cached.get(block_hash)
+
+    def allocate(self, n: int) -> list[KVBlock] | None:
+        """`n` fresh blocks with ref_cnt 1, or None (nothing changes) when fewer than `n` are free."""
+        if n < 0:
+            raise ValueError(f"n: must be >= 0, got {n}")
+        if n > len(self._free):
+            return None
+        out = []
+        for _ in range(n):
+            _, block = self._free.popitem(last=False)
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+                self.stats.evicted += 1
+            block.ref_cnt = 1
+            out.append(block)
+        self.stats.allocated += n
+        return out
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """Take a reference on cached blocks a request adopts (pulling free ones off the LRU list)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self._free[block.block_id]
+            block.ref_cnt += 1
+            self.stats.cache_hits += 1
+
+    def free(self, blocks: Sequence[KVBlock]) -> None:
+        """Drop one reference from each block, last block first."""
+        for block in reversed(blocks):
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"double free of block {block.block_id}")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self._free[block.block_id] = block
+        self.stats.freed += len(blocks)
+
+    def publish(self, block: KVBlock, block_hash: BlockHash) -> bool:
+        """Make a full, computed block findable by its hash.
+
+        Returns False when the hash is already cached by another block (this one stays a
+        private duplicate) or the block is already published.
+        """
+        if block.ref_cnt <= 0:
+            raise RuntimeError(f"publishing block {block.block_id}, which nobody holds")
+        if block.block_hash is not None or block_hash in self._cached:
+            return False
+        block.block_hash = block_hash
+        self._cached[block_hash] = block
+        return True
+
+    def check_invariants(self) -> None:
+        """Internal consistency (tests call this after every operation)."""
+        free_ids = set(self._free)
+        for b in self.blocks:
+            assert b.ref_cnt >= 0, b
+            assert (b.ref_cnt == 0) == (b.block_id in free_ids), b
+            if b.block_hash is not None:
+                assert self._cached.get(b.block_hash) is b, b
+        assert all(b.block_hash == h for h, b in self._cached.items())

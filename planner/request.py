@@ -1,0 +1,80 @@
+"""A generation request and the per-request numbers the experiments report."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING
+
+from planner.block_pool import BlockHash
+
+if TYPE_CHECKING:
+    from planner.prefill_state import PrefillState
+    from planner.prefix_cache import KVLease
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclasses.dataclass
+class RequestMetrics:
+    arrival_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    kv_match_tokens: int = 0  # cached KV positions adopted at (the last) admission
+    restore_at: int = 0  # SSM snapshot position restored at admission (0: cold start)
+    replayed_tokens: int = 0  # prompt tokens run after the restore point
+    chunk_ends: list[int] = dataclasses.field(default_factory=list)
+    snapshot_positions: list[int] = dataclasses.field(default_factory=list)  # saved by this request
+    snapshot_bytes: int = 0
+    prefill_passes: int = 0  # forward passes its prefill took (two-pass captures add one)
+    decode_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_s is None or self.arrival_s is None:
+            return None
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        if self.decode_tokens == 0 or self.finish_s is None or self.first_token_s is None:
+            return None
+        return self.decode_tokens / max(self.finish_s - self.first_token_s, 1e-9)
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_new_tokens: int = 1
+    eos_token_id: int | None = None
+    output_token_ids: list[int] = dataclasses.field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    lease: KVLease | None = None
+    slot: int | None = None  # batch slot; also the row of the SSM/conv state pools
+    prefill: PrefillState | None = None  # None once decoding (or while waiting)
+    block_hashes: list[BlockHash] = dataclasses.field(default_factory=list)
+    metrics: RequestMetrics = dataclasses.field(default_factory=RequestMetrics)
+
+    def __post_init__(self):
+        if len(self.prompt_token_ids) == 0:
+            raise ValueError(f"prompt_token_ids: request {self.request_id!r} has an empty prompt")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.status is RequestStatus.RUNNING and self.prefill is None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED

@@ -1,0 +1,247 @@
+"""Token-budget scheduler: decode rows one token each, FIFO prefill chunks shaped by the planner.
+
+Each tick hands out `prefill_budget + max_batch_size` tokens. Every request that holds a batch
+slot when the tick starts reserves one of them for its decode step (a request still prefilling
+reserves it too, unused); prefill chunks share the rest, first-come first-served. A lone
+request therefore gets 8193 tokens in its first chunk and 8192 in later ones (the seed's dense
+serve: budget 8192, one slot).
+
+The scheduler decides and books; it runs nothing. `schedule()` returns the rows of one tick;
+the engine runs them, saves snapshots, and calls `update()` with the sampled tokens.
+
+Memory: blocks are allocated per chunk. A waiting request that cannot get its first chunk's
+blocks waits; a running request that cannot grow preempts the most recently admitted other
+request (its blocks go back to the pool, still findable by hash, and it is re-queued at the
+front to recompute prompt + output so far), or waits if it is itself the newest.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from planner.block_pool import BlockPool
+from planner.prefill_plan import ChunkPlan, get_policy
+from planner.prefill_state import PrefillState
+from planner.prefix_cache import PrefixCache, extend_block_hashes
+from planner.request import Request, RequestStatus
+from planner.snapshot_store import Snapshot, SnapshotStore
+
+
+@dataclasses.dataclass
+class SchedulerConfig:
+    block_size: int = 16
+    prefill_budget: int = 8192
+    max_batch_size: int = 1
+    num_kv_blocks: int = 4096
+    policy: str = "aligned"  # "aligned" (the fix) or "legacy" (before it)
+    snapshot_interval_blocks: int = 0  # also snapshot non-last chunk ends at multiples of this many blocks
+    enable_prefix_caching: bool = True
+    ssm_snapshots: bool = True  # the model has SSM layers: a warm start needs a snapshot
+
+    def __post_init__(self):
+        for name, low in (("block_size", 1), ("prefill_budget", 1), ("max_batch_size", 1), ("num_kv_blocks", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name}: must be >= {low}, got {getattr(self, name)}")
+        if self.snapshot_interval_blocks < 0:
+            raise ValueError(f"snapshot_interval_blocks: must be >= 0 (0 = off), got {self.snapshot_interval_blocks}")
+        get_policy(self.policy)
+
+    @property
+    def tick_budget(self) -> int:
+        return self.prefill_budget + self.max_batch_size
+
+
+@dataclasses.dataclass
+class ScheduledRow:
+    request: Request
+    start_pos: int  # positions already computed; the row runs [start_pos, start_pos + len(token_ids))
+    token_ids: list[int]
+    kv_cached_len: int  # positions below this already hold cached KV: not rewritten
+    plan: ChunkPlan | None  # None for a decode row
+    restore: Snapshot | None = None  # restore this snapshot into the slot before running
+
+    @property
+    def is_decode(self) -> bool:
+        return self.plan is None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    tick: int
+    rows: list[ScheduledRow]
+    preempted: list[Request]
+    tokens_reserved: int  # decode reservations taken off the top of the budget
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.rows)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, snapshots: SnapshotStore | None = None):
+        self.config = config
+        self.pool = BlockPool(config.num_kv_blocks)
+        self.kv = PrefixCache(self.pool, config.block_size, enabled=config.enable_prefix_caching)
+        self.snapshots = snapshots if snapshots is not None else SnapshotStore(config.block_size)
+        self.policy = get_policy(config.policy)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []  # admission order: the last one is preempted first
+        self.free_slots = list(range(config.max_batch_size - 1, -1, -1))  # pop() gives slot 0 first
+        self.tick = 0
+
+    # ------------------------------------------------------------------ intake
+    def add_request(self, request: Request) -> None:
+        worst = len(request.prompt_token_ids) + request.max_new_tokens
+        need = -(-worst // self.config.block_size)
+        if need > self.pool.num_blocks:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt + max_new_tokens = {worst} tokens needs {need} KV blocks, "
+                f"the pool has {self.pool.num_blocks}"
+            )
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ one tick
+    def schedule(self) -> SchedulerOutput:
+        self.tick += 1
+        cfg = self.config
+        holders = list(self.running)
+        budget = cfg.tick_budget - len(holders)
+        rows: list[ScheduledRow] = []
+        preempted: list[Request] = []
+
+        for req in holders:  # decode rows, paid for by their reservation
+            if req.status is not RequestStatus.RUNNING or not req.is_decoding:
+                continue
+            pos = req.lease.num_computed_tokens
+            if not self._grow_or_preempt(req, pos + 1, preempted):
+                continue
+            rows.append(ScheduledRow(req, pos, [req.all_token_ids[pos]], req.lease.num_cached_tokens, None))
+
+        for req in holders:  # prefill chunks of requests already admitted, FIFO
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING or req.is_decoding:
+                continue
+            plan = req.prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy)
+            if not self._grow_or_preempt(req, plan.end, preempted):
+                break  # FIFO: nobody overtakes a prefill that is waiting for memory
+            rows.append(self._prefill_row(req, plan))
+            budget -= plan.length
+
+        # A request preempted by a later row of this tick drops its rows, and is not re-admitted
+        # until the next tick.
+        rows = [row for row in rows if row.request.status is RequestStatus.RUNNING]
+        while budget > 0 and self.waiting and self.free_slots:
+            req = self.waiting[0]
+            if req in preempted:
+                break
+            plan, restore = self._admit(req, budget)
+            if plan is None:
+                break  # not enough free blocks for its first chunk: it waits
+            self.waiting.popleft()
+            rows.append(self._prefill_row(req, plan, restore))
+            budget -= plan.length
+
+        return SchedulerOutput(self.tick, rows, preempted, len(holders))
+
+    def _prefill_row(self, req: Request, plan: ChunkPlan, restore: Snapshot | None = None) -> ScheduledRow:
+        return ScheduledRow(req, plan.offset, req.prefill.chunk_tokens(plan), req.lease.num_cached_tokens, plan, restore)
+
+    def _admit(self, req: Request, budget: int) -> tuple[ChunkPlan | None, Snapshot | None]:
+        """Adopt the cached prefix, pick the restore point, and book the first chunk."""
+        cfg = self.config
+        tokens = req.all_token_ids
+        extend_block_hashes(req.block_hashes, tokens, cfg.block_size)
+        lease = self.kv.adopt(self.kv.match(tokens, req.block_hashes))
+        restore = None
+        if lease.num_cached_tokens and cfg.ssm_snapshots:
+            restore = self.snapshots.lookup(tokens, lease.num_cached_tokens, req.block_hashes)
+            lease.num_computed_tokens = restore.position if restore is not None else 0
+        else:
+            lease.num_computed_tokens = lease.num_cached_tokens
+        prefill = PrefillState(tokens, lease)
+        plan = prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy)
+        if not self.kv.allocate(lease, plan.end):
+            self.kv.release(lease)
+            return None, None
+        if restore is not None:
+            self.snapshots.mark_restored(restore)
+        req.lease, req.prefill, req.status = lease, prefill, RequestStatus.RUNNING
+        req.slot = self.free_slots.pop()
+        m = req.metrics
+        m.kv_match_tokens = lease.num_cached_tokens
+        m.restore_at = lease.num_computed_tokens
+        m.replayed_tokens = len(tokens) - lease.num_computed_tokens
+        self.running.append(req)
+        return plan, restore
+
+    def _grow_or_preempt(self, req: Request, num_tokens: int, preempted: list[Request]) -> bool:
+        """Make `req`'s lease hold `num_tokens` positions, preempting newer requests if needed."""
+        while not self.kv.allocate(req.lease, num_tokens):
+            victim = self.running[-1]
+            if victim is req:
+                return False  # it is the newest: it waits for others to finish
+            self._preempt(victim)
+            preempted.append(victim)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.release(req.lease)
+        self.free_slots.append(req.slot)
+        req.lease = req.prefill = req.slot = None
+        req.status = RequestStatus.WAITING
+        req.metrics.preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ------------------------------------------------------------------ after the engine ran a tick
+    def update(self, output: SchedulerOutput, sampled: dict[str, int | None]) -> list[Request]:
+        """Advance every row that ran; `sampled` maps request id -> next token (None mid-prompt).
+
+        Returns the requests that finished this tick (their blocks and slots are released).
+        """
+        finished = []
+        for row in output.rows:
+            req = row.request
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted later in the same tick
+            if row.is_decode:
+                req.lease.advance(1)
+                req.metrics.decode_tokens += 1
+            else:
+                req.metrics.chunk_ends.append(row.plan.end)
+                if req.prefill.commit(row.plan):
+                    req.prefill = None
+            token = sampled.get(req.request_id)
+            if req.prefill is None:
+                if token is None:
+                    raise ValueError(f"sampled: no token for request {req.request_id!r}, which produced logits")
+                req.output_token_ids.append(int(token))
+            extend_block_hashes(req.block_hashes, req.all_token_ids, self.config.block_size)
+            self.kv.publish(req.lease, req.block_hashes)
+            if req.prefill is None and self._is_done(req):
+                self._finish(req)
+                finished.append(req)
+        return finished
+
+    @staticmethod
+    def _is_done(req: Request) -> bool:
+        last = req.output_token_ids[-1] if req.output_token_ids else None
+        return len(req.output_token_ids) >= req.max_new_tokens or (last is not None and last == req.eos_token_id)
+
+    def _finish(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.release(req.lease)
+        self.free_slots.append(req.slot)
+        req.lease = req.slot = None
+        req.status = RequestStatus.FINISHED

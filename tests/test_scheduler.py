@@ -1,0 +1,197 @@
+"""Scheduler and engine bookkeeping, driven end to end with the placeholder runner."""
+
+import random
+
+import pytest
+
+from model.engine import Engine, EngineConfig
+from model.placeholder_runner import PlaceholderRunner
+from planner.prefill_state import PrefillState
+from planner.prefix_cache import KVLease
+from planner.request import Request
+from planner.scheduler import Scheduler, SchedulerConfig
+
+
+def make_engine(capture_mode="in_pass", **sched):
+    cfg = SchedulerConfig(**sched)
+    runner = PlaceholderRunner(cfg.max_batch_size, cfg.num_kv_blocks, cfg.block_size)
+    return Engine(runner, EngineConfig(cfg, capture_mode=capture_mode, keep_prompt_logits=True))
+
+
+def prompt(n, seed=0, vocab=1000):
+    rnd = random.Random(seed)
+    return [rnd.randrange(vocab) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- the seed's incident, by the real scheduler
+@pytest.mark.parametrize(
+    "policy,chunk_ends,snapshots,restore,replayed,warm_ends",
+    [("legacy", [8193, 16385, 24577, 32769, 32772], [8193, 16385, 24577, 32769], 24577, 8195, [32770, 32772]),
+     ("aligned", [8192, 16384, 24576, 32752, 32772], [8192, 16384, 24576, 32752], 32752, 20, [32772])],
+)
+def test_incident_32772_tokens(policy, chunk_ends, snapshots, restore, replayed, warm_ends):
+    eng = make_engine(block_size=16, prefill_budget=8192, max_batch_size=1, num_kv_blocks=4096,
+                      policy=policy, snapshot_interval_blocks=512)
+    p = prompt(32772)
+    cold = eng.add_request(p, 1, "cold")
+    eng.run_until_done()
+    warm = eng.add_request(p, 1, "warm")
+    eng.run_until_done()
+    assert cold.metrics.chunk_ends == chunk_ends
+    assert cold.metrics.snapshot_positions == snapshots
+    assert warm.metrics.kv_match_tokens == 32768
+    assert (warm.metrics.restore_at, warm.metrics.replayed_tokens) == (restore, replayed)
+    assert warm.metrics.chunk_ends == warm_ends
+    assert eng.runner.tokens_run == 32772 + replayed
+    assert eng.prompt_logits["cold"].equal(eng.prompt_logits["warm"])
+    assert cold.output_token_ids == warm.output_token_ids
+    assert eng.scheduler.pool.num_free == 4096  # every block back in the pool (still cached)
+
+
+def test_incident_without_interval_snapshots():
+    eng = make_engine(block_size=16, prefill_budget=8192, num_kv_blocks=4096, policy="aligned")
+    p = prompt(32772)
+    cold = eng.add_request(p)
+    eng.run_until_done()
+    assert cold.metrics.snapshot_positions == [32752]
+
+
+# ---------------------------------------------------------------- token budget
+def test_budget_first_chunk_gets_the_slot_token_and_later_chunks_do_not():
+    eng = make_engine(block_size=4, prefill_budget=10, max_batch_size=1, num_kv_blocks=64, policy="legacy")
+    r = eng.add_request(prompt(40))
+    eng.run_until_done()
+    assert r.metrics.chunk_ends == [11, 21, 31, 40]
+
+
+def test_prefill_chunks_share_the_budget_fifo_and_decodes_reserve_one_token_each():
+    eng = make_engine(block_size=4, prefill_budget=10, max_batch_size=3, num_kv_blocks=64, policy="legacy")
+    a = eng.add_request(prompt(5, 1), max_new_tokens=4, request_id="a")
+    b = eng.add_request(prompt(30, 2), max_new_tokens=2, request_id="b")
+    out = eng.scheduler.schedule()  # tick 1: 13 tokens, nobody holds a slot yet
+    assert [(r.request.request_id, r.num_tokens) for r in out.rows] == [("a", 5), ("b", 8)]
+    eng.scheduler.update(out, {"a": 7, "b": None})
+    out = eng.scheduler.schedule()  # tick 2: 13 - 2 reserved; a decodes, b gets the other 11
+    assert [(r.request.request_id, r.num_tokens, r.is_decode) for r in out.rows] == [("a", 1, True), ("b", 11, False)]
+    assert out.tokens_reserved == 2
+
+
+def test_aligned_budget_chunks_floor_to_blocks():
+    eng = make_engine(block_size=4, prefill_budget=10, max_batch_size=1, num_kv_blocks=64, policy="aligned")
+    r = eng.add_request(prompt(40))
+    eng.run_until_done()
+    # split point of 40 with bs 4: last boundary 36, split 32
+    assert r.metrics.chunk_ends == [8, 16, 24, 32, 40]
+    assert 32 in r.metrics.snapshot_positions
+
+
+@pytest.mark.parametrize("mode,passes", [("in_pass", 1), ("two_pass", 2), ("none", 1)])
+def test_last_chunk_capture_modes(mode, passes):
+    eng = make_engine(mode, block_size=16, prefill_budget=8192, num_kv_blocks=512, policy="aligned")
+    p = prompt(1000)  # shorter than the budget: one last chunk spanning the split point 976
+    cold = eng.add_request(p)
+    eng.run_until_done()
+    assert cold.metrics.chunk_ends == [1000] and cold.metrics.prefill_passes == passes
+    warm = eng.add_request(p)
+    eng.run_until_done()
+    if mode == "none":
+        assert cold.metrics.snapshot_positions == [] and warm.metrics.restore_at == 0
+    else:
+        assert cold.metrics.snapshot_positions == [976]
+        assert (warm.metrics.restore_at, warm.metrics.replayed_tokens) == (976, 24)
+    assert cold.output_token_ids == warm.output_token_ids
+
+
+# ---------------------------------------------------------------- memory pressure
+def test_a_request_waits_when_its_first_chunk_does_not_fit():
+    eng = make_engine(block_size=4, prefill_budget=64, max_batch_size=2, num_kv_blocks=6, policy="aligned")
+    a = eng.add_request(prompt(16, 1), max_new_tokens=2, request_id="a")  # 4 blocks + 1 for decode
+    b = eng.add_request(prompt(12, 2), max_new_tokens=1, request_id="b")  # 3 blocks
+    out = eng.scheduler.schedule()
+    assert [r.request.request_id for r in out.rows] == ["a"] and b in eng.scheduler.waiting
+    eng.run_until_done()
+    assert a.is_finished and b.is_finished
+    assert eng.scheduler.pool.num_free == 6
+
+
+def test_decode_growth_preempts_the_newest_request_and_tokens_are_unchanged():
+    def run(num_blocks):
+        eng = make_engine(block_size=2, prefill_budget=64, max_batch_size=2, num_kv_blocks=num_blocks, policy="aligned")
+        reqs = [eng.add_request(prompt(6, s), max_new_tokens=6, request_id=f"r{s}") for s in (1, 2)]
+        eng.run_until_done()
+        assert eng.scheduler.pool.num_free == num_blocks
+        return [r.output_token_ids for r in reqs], [r.metrics.preemptions for r in reqs]
+
+    roomy_tokens, roomy_preempt = run(64)
+    tight_tokens, tight_preempt = run(7)  # each needs 6 blocks at the end: they cannot both fit
+    assert roomy_preempt == [0, 0] and tight_preempt[0] == 0 and tight_preempt[1] >= 1
+    assert tight_tokens == roomy_tokens
+
+
+def test_request_larger_than_the_pool_is_rejected():
+    eng = make_engine(block_size=4, num_kv_blocks=4)
+    with pytest.raises(ValueError, match="KV blocks"):
+        eng.add_request(prompt(16), max_new_tokens=1)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="prefill_budget"):
+        SchedulerConfig(prefill_budget=0)
+    with pytest.raises(ValueError, match="policy"):
+        SchedulerConfig(policy="x")
+    with pytest.raises(ValueError, match="capture_mode"):
+        EngineConfig(capture_mode="three_pass")
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        Request("r", [])
+
+
+# ---------------------------------------------------------------- differential: prefix caching on vs off
+@pytest.mark.parametrize("seed", range(4))
+def test_random_workloads_same_tokens_with_and_without_prefix_caching(seed):
+    rnd = random.Random(seed)
+    system = prompt(rnd.randrange(5, 40), seed)
+    work = []
+    for i in range(8):
+        branch = system[: rnd.randrange(1, len(system) + 1)] if rnd.random() < 0.7 else []
+        work.append((branch + prompt(rnd.randrange(1, 30), 100 * seed + i), rnd.randrange(1, 6)))
+
+    def run(enable, policy):
+        eng = make_engine(block_size=4, prefill_budget=rnd.choice([8, 16, 64]), max_batch_size=3,
+                          num_kv_blocks=40, policy=policy, enable_prefix_caching=enable, snapshot_interval_blocks=2)
+        reqs = [eng.add_request(p, n, f"q{i}") for i, (p, n) in enumerate(work)]
+        eng.run_until_done()
+        assert eng.scheduler.pool.num_free == 40 and all(r.is_finished for r in reqs)
+        return [r.output_token_ids for r in reqs], sum(r.metrics.replayed_tokens for r in reqs)
+
+    base, base_tokens = run(False, "aligned")
+    for policy in ("aligned", "legacy"):
+        tokens, replayed = run(True, policy)
+        assert tokens == base
+        assert replayed <= base_tokens
+
+
+# ---------------------------------------------------------------- resumable prefill state
+def test_prefill_position_is_read_off_the_kv():
+    lease = KVLease(4, num_computed_tokens=8, num_cached_tokens=8)
+    state = PrefillState(list(range(10)), lease)
+    assert (state.position, state.remaining) == (8, 2)
+    lease.num_computed_tokens = 9  # whoever moves the KV moves the prefill
+    assert state.position == 9
+
+
+def test_prefill_needs_a_token_left_to_run():
+    with pytest.raises(ValueError, match="backed off"):
+        PrefillState([1, 2, 3, 4], KVLease(4, num_computed_tokens=4))
+
+
+def test_prefill_commit_must_match_the_kv():
+    from planner.block_pool import BlockPool
+    pool = BlockPool(4)
+    lease = KVLease(4, pool.allocate(3))
+    state = PrefillState(list(range(10)), lease)
+    plan = state.plan_next(5, 4, 0, "aligned")
+    assert (plan.offset, plan.length) == (0, 4)
+    assert not state.commit(plan)
+    with pytest.raises(RuntimeError, match="KV says"):
+        state.commit(plan)
+    assert state.commit(state.plan_next(100, 4, 0, "aligned"))
