@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from planner.block_pool import BlockHash, BlockPool, KVBlock, hash_block
+from planner.block_pool import BlockHash, BlockPool, KVBlock, extend_block_hashes  # noqa: F401 (re-exported)
 
 
 @dataclasses.dataclass(eq=False)
@@ -44,13 +44,6 @@ class KVLease:
                 f"(lease capacity {self.capacity}, computed {self.num_computed_tokens}), got {num_tokens}"
             )
         self.num_computed_tokens += num_tokens
-
-
-def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
-    """Append the chained hashes of any full blocks of `token_ids` not yet in `hashes`."""
-    for i in range(len(hashes), len(token_ids) // block_size):
-        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[i * block_size : (i + 1) * block_size]))
-    return hashes
 
 
 class PrefixCache:
