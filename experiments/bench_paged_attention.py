@@ -1,0 +1,412 @@
+"""Benchmark the Triton paged attention on CUDA: decode in GB/s, a prefill chunk in TFLOP/s, with peers.
+
+* Device copy bandwidth is measured first, in the same run (a large copy: bytes read + written).
+* Decode: batch 1..64, context 1K..128K, 32 query / 8 KV heads, head_dim 128, bf16: GB/s of K/V read
+  (plus queries, outputs and block tables) against that copy bandwidth.
+* Prefill chunk: 8192 queries over a 0..32K cached prefix: TFLOP/s (4 * Hq * D per visible pair).
+* Peers in the same run: torch SDPA on contiguous K/V (flash backend forced where it accepts the
+  call), and FlexAttention over a page table (its own 128-token pages) where
+  `torch.nn.attention.flex_attention` imports.
+* Every config is checked against `paged_attention_ref` before it is timed; a failing one is not
+  reported (the row says so), and the script exits 1.
+
+Writes ``results/bench_paged_attention/bench.csv`` (device, versions, config, numbers) and a PNG drawn
+from the CSV by `plot`. On a machine without CUDA it says so and exits 0 without writing anything.
+
+    python -m experiments.bench_paged_attention                    # the full sweep (H200: minutes)
+    python -m experiments.bench_paged_attention --batches 1 --contexts 32768 --prefixes 0
+    python -m experiments.bench_paged_attention --plot-only        # redraw the PNG from the CSV
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from kernels.testing import tolerance
+
+CSV_NAME = "bench.csv"
+PNG_NAME = "bench.png"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("results/bench_paged_attention"),
+                   help="output folder for the CSV and PNG (default: %(default)s)")
+    p.add_argument("--batches", default="1,4,16,64", help="decode batch sizes, comma-separated (default: %(default)s)")
+    p.add_argument("--contexts", default="1024,4096,16384,32768,131072",
+                   help="decode context lengths in tokens, comma-separated (default: %(default)s)")
+    p.add_argument("--prefill-queries", type=int, default=8192,
+                   help="query tokens in the prefill chunk (default: %(default)s)")
+    p.add_argument("--prefixes", default="0,4096,8192,16384,32768",
+                   help="cached-prefix lengths for the prefill chunk, comma-separated (default: %(default)s)")
+    p.add_argument("--num-q-heads", type=int, default=32, help="query heads (default: %(default)s)")
+    p.add_argument("--num-kv-heads", type=int, default=8, help="KV heads (default: %(default)s)")
+    p.add_argument("--head-dim", type=int, default=128, help="head dimension (default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=16, help="KV cache block (page) size (default: %(default)s)")
+    p.add_argument("--flex-page-size", type=int, default=128,
+                   help="page size of the FlexAttention peer's own cache; flex needs it equal to its KV "
+                        "block (default: %(default)s)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype (default: %(default)s)")
+    p.add_argument("--max-kv-gib", type=float, default=32.0,
+                   help="skip configs whose paged K+V cache exceeds this many GiB; peers copy it once more "
+                        "(default: %(default)s)")
+    p.add_argument("--no-peers", action="store_true", help="time only the Triton kernel")
+    p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (default: %(default)s)")
+    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--plot-only", action="store_true", help="only redraw the PNG from an existing CSV")
+    return p.parse_args(argv)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclasses.dataclass
+class Problem:
+    query: torch.Tensor  # (T, Hq, D)
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    q_len: int  # every sequence has the same q_len and seq_len here
+    seq_len: int
+
+    def args(self):
+        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens, self.cu_seqlens_q)
+
+
+def make_problem(batch, q_len, seq_len, heads_q, heads_kv, head_dim, block_size, dtype, device) -> Problem:
+    blocks_per_seq = -(-seq_len // block_size)
+    num_blocks = batch * blocks_per_seq
+    shape = (num_blocks, block_size, heads_kv, head_dim)
+    key_cache = torch.randn(shape, dtype=dtype, device=device)
+    value_cache = torch.randn(shape, dtype=dtype, device=device)
+    block_tables = torch.randperm(num_blocks, device=device).to(torch.int32).view(batch, blocks_per_seq)
+    query = torch.randn(batch * q_len, heads_q, head_dim, dtype=dtype, device=device)
+    seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device=device) * q_len
+    return Problem(query, key_cache, value_cache, block_tables, seq_lens, cu, q_len, seq_len)
+
+
+def contiguous_kv(pb: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, Hkv, seq_len, D) copies of each sequence's K and V, for SDPA."""
+    batch = pb.block_tables.shape[0]
+    _, bs, heads_kv, head_dim = pb.key_cache.shape
+
+    def gather(cache):
+        x = cache[pb.block_tables.long()].view(batch, -1, heads_kv, head_dim)[:, : pb.seq_len]
+        return x.permute(0, 2, 1, 3).contiguous()
+
+    return gather(pb.key_cache), gather(pb.value_cache)
+
+
+def queries_4d(pb: Problem) -> torch.Tensor:
+    batch = pb.block_tables.shape[0]
+    return pb.query.view(batch, pb.q_len, *pb.query.shape[1:]).transpose(1, 2)  # (B, Hq, q_len, D)
+
+
+# ------------------------------------------------------------------------------------------------
+# Peers
+
+
+def sdpa_peer(pb: Problem, k: torch.Tensor, v: torch.Tensor):
+    """SDPA on contiguous K/V, bottom-right causal; flash backend forced where it takes the call."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = queries_4d(pb)
+    if pb.q_len == 1:
+        kwargs = {}
+    elif pb.q_len == pb.seq_len:
+        kwargs = {"is_causal": True}
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+
+        kwargs = {"attn_mask": causal_lower_right(pb.q_len, pb.seq_len)}
+
+    def run():
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+
+    def run_flash():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return run()
+
+    try:
+        run_flash()
+        fn, note = run_flash, "sdpa:flash"
+    except RuntimeError:
+        fn, note = run, "sdpa:default-dispatch"
+
+    def call():
+        return fn().transpose(1, 2).reshape(pb.query.shape)
+
+    return call, note
+
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def flex_paged_peer(pb: Problem, k: torch.Tensor, v: torch.Tensor, page_size: int, compile_fn=True):
+    """FlexAttention over a page table: K/V in (1, Hkv, n_pages * page, D) physical pages in random
+    order; the logical block mask is mapped to physical pages and the mask_mod maps back."""
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+    device = pb.query.device
+    batch, heads_kv, seq_len, head_dim = k.shape
+    pages_per_seq = -(-seq_len // page_size)
+    n_pages = batch * pages_per_seq
+    page_table = torch.randperm(n_pages, device=device).view(batch, pages_per_seq)
+    phys_to_log = torch.full((batch, n_pages), -1, dtype=torch.int64, device=device)
+    phys_to_log.scatter_(1, page_table, torch.arange(pages_per_seq, device=device).expand(batch, -1).contiguous())
+
+    def to_pages(x):
+        pad = pages_per_seq * page_size - seq_len
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad)).view(batch, heads_kv, pages_per_seq, page_size, head_dim)
+        phys = torch.empty(n_pages, heads_kv, page_size, head_dim, dtype=x.dtype, device=device)
+        phys[page_table.reshape(-1)] = x.permute(0, 2, 1, 3, 4).reshape(-1, heads_kv, page_size, head_dim)
+        return phys.permute(1, 0, 2, 3).reshape(1, heads_kv, n_pages * page_size, head_dim)
+
+    k_phys, v_phys = to_pages(k), to_pages(v)
+    context = seq_len - pb.q_len
+
+    def logical_mask(b, h, q_idx, kv_idx):
+        return (kv_idx <= context + q_idx) & (kv_idx < seq_len)
+
+    logical = create_block_mask(logical_mask, batch, None, pb.q_len, pages_per_seq * page_size,
+                                device=device, BLOCK_SIZE=(128, page_size))
+    rows = logical.kv_indices.shape[2]
+
+    def to_physical(indices):
+        if indices is None:
+            return None
+        phys = torch.zeros((batch, 1, rows, n_pages), dtype=torch.int32, device=device)
+        phys[..., : indices.shape[-1]] = torch.gather(page_table, 1, indices.view(batch, -1).long()).view(
+            indices.shape).to(torch.int32)
+        return phys
+
+    def physical_mask(b, h, q_idx, kv_idx):
+        log_page = phys_to_log[b, kv_idx // page_size]
+        log_kv = log_page * page_size + kv_idx % page_size
+        return (log_page >= 0) & (log_kv < seq_len) & (log_kv <= context + q_idx)
+
+    mask = BlockMask.from_kv_blocks(
+        logical.kv_num_blocks, to_physical(logical.kv_indices), logical.full_kv_num_blocks,
+        to_physical(logical.full_kv_indices), BLOCK_SIZE=logical.BLOCK_SIZE, mask_mod=physical_mask,
+        seq_lengths=(pb.q_len, n_pages * page_size),
+    )
+    attend = torch.compile(flex_attention, dynamic=False) if compile_fn else flex_attention
+    q = queries_4d(pb)
+
+    def call():
+        return attend(q, k_phys, v_phys, block_mask=mask, enable_gqa=True).transpose(1, 2).reshape(pb.query.shape)
+
+    return call, f"flex:page{page_size}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Measurement
+
+
+def copy_bandwidth_gbps(device, do_bench, nbytes=4 * 2**30) -> float:
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def decode_bytes(pb: Problem) -> int:
+    el = pb.key_cache.element_size()
+    _, _, heads_kv, head_dim = pb.key_cache.shape
+    batch = pb.block_tables.shape[0]
+    kv = 2 * batch * pb.seq_len * heads_kv * head_dim * el
+    q_and_out = 2 * pb.query.numel() * el
+    tables = -(-pb.seq_len // pb.key_cache.shape[1]) * batch * 4
+    return kv + q_and_out + tables
+
+
+def attention_flops(pb: Problem) -> float:
+    batch = pb.block_tables.shape[0]
+    context = pb.seq_len - pb.q_len
+    pairs = pb.q_len * context + pb.q_len * (pb.q_len + 1) / 2  # (query, visible key) pairs
+    return 4.0 * batch * pb.query.shape[1] * pb.query.shape[2] * pairs
+
+
+def close_enough(got, want, dtype) -> tuple[bool, float]:
+    err = (got.float() - want.float()).abs().max().item()
+    ok = bool(torch.allclose(got.float(), want.float(), **tolerance(dtype))) and not torch.isnan(got).any().item()
+    return ok, err
+
+
+def run_config(kind, pb, args, env, do_bench, copy_gbps, writer):
+    from kernels import paged_attention as pa
+    from kernels.reference.paged_attention import check_paged_attention_args, paged_attention_ref
+
+    dtype = pb.query.dtype
+    want = paged_attention_ref(*pb.args())
+    batch = pb.block_tables.shape[0]
+    base = dict(env, kind=kind, batch=batch, q_len=pb.q_len, seq_len=pb.seq_len, context=pb.seq_len - pb.q_len,
+                num_q_heads=pb.query.shape[1], num_kv_heads=pb.key_cache.shape[2], head_dim=pb.query.shape[2],
+                block_size=pb.key_cache.shape[1], dtype=str(dtype).replace("torch.", ""),
+                copy_gbps=round(copy_gbps, 1))
+    nbytes, flops = decode_bytes(pb), attention_flops(pb)
+
+    def report(impl, note, fn, ms_call=None):
+        got = fn()
+        ok, err = close_enough(got, want, dtype)
+        row = dict(base, impl=impl, note=note, max_abs_err=f"{err:.3g}", correct=ok)
+        if ok:
+            ms = do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
+            row.update(ms=f"{ms:.4f}", gbps=f"{nbytes / (ms * 1e-3) / 1e9:.1f}",
+                       pct_copy_bw=f"{100 * nbytes / (ms * 1e-3) / 1e9 / copy_gbps:.1f}",
+                       tflops=f"{flops / (ms * 1e-3) / 1e12:.1f}",
+                       ms_call="" if ms_call is None else f"{ms_call:.4f}")
+            print(f"  {impl:<22} {note:<24} {ms:9.4f} ms {row['gbps']:>8} GB/s ({row['pct_copy_bw']}% of copy) "
+                  f"{row['tflops']:>7} TFLOP/s")
+        else:
+            print(f"  {impl:<22} {note:<24} WRONG (max abs err {err:.3g}): not reported")
+        writer.writerow(row)
+        return ok
+
+    # Triton: the launch alone (validated once), and the public call with its host-side checks.
+    meta = check_paged_attention_args(*pb.args())
+    out = torch.empty_like(pb.query)
+    scale = pb.query.shape[-1] ** -0.5
+    launch = lambda: pa._launch(*pb.args(), meta, scale, out, None)  # noqa: E731
+    ms_call = do_bench(lambda: pa.paged_attention(*pb.args(), out=out), warmup=args.warmup, rep=args.rep,
+                       return_mode="median")
+    cfg = pa._choose_config(dtype, pb.query.shape[2], pb.query.shape[1] // pb.key_cache.shape[2],
+                            decode=pa._is_decode(pb.q_len, pb.query.shape[1] // pb.key_cache.shape[2]),
+                            num_seqs=batch, num_kv_heads=pb.key_cache.shape[2], max_seq_len=pb.seq_len,
+                            sm_count=pa._sm_count(pb.query.device), num_splits=None)
+    all_ok = report("triton_paged", f"m{cfg.block_m}n{cfg.block_n}w{cfg.num_warps}s{cfg.num_splits}", launch, ms_call)
+    if args.no_peers:
+        return all_ok
+    k, v = contiguous_kv(pb)
+    try:
+        fn, note = sdpa_peer(pb, k, v)
+        all_ok &= report("sdpa_contiguous", note, fn)
+    except Exception as exc:  # a peer that cannot run this shape is recorded, not fatal
+        writer.writerow(dict(base, impl="sdpa_contiguous", note=f"unavailable: {type(exc).__name__}: {exc}"[:200]))
+    if flex_available():
+        try:
+            fn, note = flex_paged_peer(pb, k, v, args.flex_page_size)
+            all_ok &= report("flex_paged", note, fn)
+        except Exception as exc:
+            writer.writerow(dict(base, impl="flex_paged", note=f"unavailable: {type(exc).__name__}: {exc}"[:200]))
+    else:
+        writer.writerow(dict(base, impl="flex_paged", note="unavailable: torch.nn.attention.flex_attention"))
+    del k, v
+    return all_ok
+
+
+FIELDS = ["device", "torch", "triton", "python", "kind", "impl", "note", "batch", "q_len", "seq_len", "context",
+          "num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "correct", "max_abs_err", "ms",
+          "ms_call", "gbps", "copy_gbps", "pct_copy_bw", "tflops"]
+
+
+def plot(csv_path: Path, png_path: Path) -> None:
+    """Decode GB/s against context (per batch, with the copy bandwidth), prefill TFLOP/s against prefix."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in csv.DictReader(csv_path.open()) if r.get("correct") == "True" and r.get("ms")]
+    fig, (ax_d, ax_p) = plt.subplots(1, 2, figsize=(13, 5))
+    styles = {"triton_paged": "-o", "sdpa_contiguous": "--s", "flex_paged": ":^"}
+    for impl, style in styles.items():
+        for batch in sorted({int(r["batch"]) for r in rows if r["kind"] == "decode"}):
+            pts = sorted((int(r["context"]), float(r["gbps"])) for r in rows
+                         if r["kind"] == "decode" and r["impl"] == impl and int(r["batch"]) == batch)
+            if pts:
+                ax_d.plot(*zip(*pts), style, label=f"{impl} B={batch}", alpha=1.0 if impl == "triton_paged" else 0.5)
+        pts = sorted((int(r["context"]), float(r["tflops"])) for r in rows
+                     if r["kind"] == "prefill" and r["impl"] == impl)
+        if pts:
+            ax_p.plot(*zip(*pts), style, label=impl)
+    copy = [float(r["copy_gbps"]) for r in rows if r.get("copy_gbps")]
+    if copy:
+        ax_d.axhline(copy[0], color="k", lw=0.8, label=f"copy {copy[0]:.0f} GB/s")
+        ax_d.axhline(0.85 * copy[0], color="k", lw=0.8, ls="--", label="85% of copy")
+    device = rows[0]["device"] if rows else "?"
+    ax_d.set(xscale="log", xlabel="context (tokens)", ylabel="GB/s", title=f"decode, {device}")
+    ax_p.set(xlabel="cached prefix (tokens)", ylabel="TFLOP/s", title="prefill chunk")
+    for ax in (ax_d, ax_p):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.plot_only:
+        plot(args.out / CSV_NAME, args.out / PNG_NAME)
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_paged_attention: no CUDA device on this machine; nothing measured, nothing written.")
+        return 0
+    import triton
+    from triton.testing import do_bench
+
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda")
+    dtype = DTYPES[args.dtype]
+    env = dict(device=torch.cuda.get_device_name(device), torch=torch.__version__, triton=triton.__version__,
+               python=platform.python_version())
+    copy_gbps = copy_bandwidth_gbps(device, do_bench)
+    print(f"{env['device']}: copy bandwidth {copy_gbps:.0f} GB/s (read + write)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / CSV_NAME
+    all_ok = True
+    kv_token_bytes = 2 * args.num_kv_heads * args.head_dim * torch.empty((), dtype=dtype).element_size()
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for batch in _ints(args.batches):
+            for context in _ints(args.contexts):
+                if batch * context * kv_token_bytes > args.max_kv_gib * 2**30:
+                    print(f"decode B={batch} ctx={context}: skipped (K+V over --max-kv-gib {args.max_kv_gib})")
+                    continue
+                print(f"decode B={batch} ctx={context}")
+                pb = make_problem(batch, 1, context + 1, args.num_q_heads, args.num_kv_heads, args.head_dim,
+                                  args.block_size, dtype, device)
+                all_ok &= run_config("decode", pb, args, env, do_bench, copy_gbps, writer)
+                del pb
+                torch.cuda.empty_cache()
+        for prefix in _ints(args.prefixes):
+            print(f"prefill chunk q={args.prefill_queries} prefix={prefix}")
+            pb = make_problem(1, args.prefill_queries, prefix + args.prefill_queries, args.num_q_heads,
+                              args.num_kv_heads, args.head_dim, args.block_size, dtype, device)
+            all_ok &= run_config("prefill", pb, args, env, do_bench, copy_gbps, writer)
+            del pb
+            torch.cuda.empty_cache()
+    plot(csv_path, args.out / PNG_NAME)
+    print(f"wrote {csv_path} and {args.out / PNG_NAME}")
+    if not all_ok:
+        print("some configs failed their correctness check and were not reported", file=sys.stderr)
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

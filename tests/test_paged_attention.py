@@ -1,0 +1,310 @@
+"""`paged_attention` (Triton, interpreted on CPU) against `paged_attention_ref`, and the oracle itself.
+
+Every batch is built the hard way: block ids are a random permutation (non-contiguous tables), the
+cache starts as NaN so a read of an unwritten slot or a stray block poisons the output, block-table
+columns past a sequence's last block point at a never-written (NaN) block, outputs are pre-filled
+with NaN, and queries are slices of a fused QKV buffer (token stride != heads * head_dim).
+Sizes are scaled down for the interpreter but keep the shapes that break kernels: prefixes that end
+mid-block, chunks longer than a block, more q tiles than one, empty splits, head_dim 80.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kernels.paged_attention as pa
+import kernels.reference.paged_attention as ref_mod
+from kernels.paged_attention import paged_attention
+from kernels.reference.paged_attention import paged_attention_ref, write_kv_cache_ref
+from kernels.testing import assert_close, nan_filled
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclasses.dataclass
+class Batch:
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+
+    def args(self):
+        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens, self.cu_seqlens_q)
+
+
+def make_batch(specs, *, block_size, num_kv_heads, group, head_dim, dtype, seed=0) -> Batch:
+    """specs: [(q_len, context_len)]; the sequence holds context_len + q_len tokens in the cache."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [ctx + q for q, ctx in specs]
+    blocks = [-(-n // block_size) for n in seq_lens]
+    poison = sum(blocks)  # one block that is never written: NaN
+    num_blocks = poison + 2
+    perm = torch.randperm(num_blocks, generator=g)
+    poison_id = int(perm[poison])
+    table = torch.full((len(specs), max(blocks) + 2), poison_id, dtype=torch.int32)
+    slots, start = [], 0
+    for s, (n_tok, n_blk) in enumerate(zip(seq_lens, blocks)):
+        table[s, :n_blk] = perm[start : start + n_blk].to(torch.int32)
+        start += n_blk
+        pos = torch.arange(n_tok)
+        slots.append(table[s, pos // block_size].long() * block_size + pos % block_size)
+    slots = torch.cat(slots)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    value_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    k = torch.randn(len(slots), num_kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(len(slots), num_kv_heads, head_dim, generator=g).to(dtype)
+    write_kv_cache_ref(k, v, key_cache, value_cache, slots)
+    num_q_heads = num_kv_heads * group
+    total_q = sum(q for q, _ in specs)
+    qkv = torch.randn(total_q, num_q_heads + 2 * num_kv_heads, head_dim, generator=g).to(dtype)
+    cu = torch.tensor([0] + torch.tensor([q for q, _ in specs]).cumsum(0).tolist(), dtype=torch.int32)
+    batch = Batch(qkv[:, :num_q_heads], key_cache, value_cache, table, torch.tensor(seq_lens, dtype=torch.int32), cu)
+    return Batch(*(t.to(DEVICE) for t in batch.args()))
+
+
+def run_both(batch: Batch, **kw):
+    out = nan_filled(batch.query.shape, batch.query.dtype, DEVICE)
+    got = paged_attention(*batch.args(), out=out, **kw)
+    assert got is out
+    kw.pop("num_splits", None)
+    want = paged_attention_ref(*batch.args(), **kw)
+    return got, want
+
+
+# (q_len, context_len) per sequence.
+MIXED = [(1, 100), (63, 0), (20, 37), (1, 0), (5, 16), (0, 9), (33, 130)]
+MIXED_BIG_BLOCKS = [(1, 300), (130, 0), (17, 250), (1, 127)]
+
+CASES = [
+    # id, specs, block_size, num_kv_heads, group, head_dim, dtype
+    ("mixed-bs16-g4-d64-bf16", MIXED, 16, 2, 4, 64, "bf16"),
+    ("mixed-bs16-g4-d64-fp16", MIXED, 16, 2, 4, 64, "fp16"),
+    ("mixed-bs16-g4-d64-fp32", MIXED, 16, 2, 4, 64, "fp32"),
+    ("mixed-bs16-g1-d128-bf16", MIXED, 16, 2, 1, 128, "bf16"),
+    ("mixed-bs32-g4-d80-bf16", MIXED, 32, 1, 4, 80, "bf16"),
+    ("mixed-bs128-g4-d128-bf16", MIXED_BIG_BLOCKS, 128, 1, 4, 128, "bf16"),
+    ("mixed-bs256-g1-d80-fp32", MIXED_BIG_BLOCKS, 256, 1, 1, 80, "fp32"),
+    ("mixed-bs16-g3-d64-fp16", [(7, 40), (1, 3), (2, 0)], 16, 2, 3, 64, "fp16"),  # GROUP not a power of two
+    ("decode-bs16-g4-d128-fp32", [(1, 70), (1, 15), (1, 0), (3, 33)], 16, 2, 4, 128, "fp32"),
+    ("chunk-bs64-g4-d256-bf16", [(40, 70)], 64, 1, 4, 256, "bf16"),
+    ("tiny-preset-bs4-g2-d16-fp32", [(1, 30), (19, 0), (6, 13)], 4, 2, 2, 16, "fp32"),
+    ("bs1-g2-d24-bf16", [(1, 9), (5, 3)], 1, 1, 2, 24, "bf16"),
+]
+
+
+@pytest.mark.parametrize("specs,block_size,num_kv_heads,group,head_dim,dtype",
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_paged_attention_matches_reference(specs, block_size, num_kv_heads, group, head_dim, dtype):
+    batch = make_batch(specs, block_size=block_size, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
+                       dtype=DTYPES[dtype], seed=len(specs) * head_dim + block_size)
+    got, want = run_both(batch)
+    assert_close(got, want, DTYPES[dtype], msg=f"{specs}")
+
+
+SPLIT_CASES = [
+    # id, specs, block_size, head_dim, dtype, num_splits. Decode tiles are 64 keys (32 for fp32) and
+    # splits are a whole number of tiles, so with pages of 256 split boundaries fall mid-page.
+    ("bs256-ctx300-s3-bf16", [(1, 299), (1, 40)], 256, 128, "bf16", 3),
+    ("bs256-ctx300-s8-empty-splits-fp16", [(1, 299), (1, 5)], 256, 64, "fp16", 8),
+    ("bs16-ctx520-s5-d80-fp32", [(1, 519), (1, 200), (1, 0)], 16, 80, "fp32", 5),
+    ("bs128-ctx-2k+16-over-4-s4-bf16", [(1, 527), (2, 300)], 128, 128, "bf16", 4),
+    ("bs16-ctx520-s1-bf16", [(1, 519)], 16, 64, "bf16", 1),
+]
+
+
+@pytest.mark.parametrize("specs,block_size,head_dim,dtype,num_splits",
+                         [c[1:] for c in SPLIT_CASES], ids=[c[0] for c in SPLIT_CASES])
+def test_decode_split_k_matches_reference(specs, block_size, head_dim, dtype, num_splits):
+    batch = make_batch(specs, block_size=block_size, num_kv_heads=2, group=4, head_dim=head_dim,
+                       dtype=DTYPES[dtype], seed=num_splits)
+    got, want = run_both(batch, num_splits=num_splits)
+    assert_close(got, want, DTYPES[dtype], msg=f"{specs} splits={num_splits}")
+
+
+def test_split_k_on_a_prefill_chunk_matches_reference():
+    """Forced splits also hold for multi-row q tiles, where a split can hold no key for some rows."""
+    batch = make_batch([(40, 90), (3, 0)], block_size=16, num_kv_heads=1, group=4, head_dim=64, dtype=torch.bfloat16)
+    got, want = run_both(batch, num_splits=4)
+    assert_close(got, want, torch.bfloat16)
+
+
+def test_scale_and_out_with_strides():
+    batch = make_batch([(9, 30), (1, 60)], block_size=16, num_kv_heads=2, group=2, head_dim=64, dtype=torch.float32)
+    big = nan_filled((batch.query.shape[0], batch.query.shape[1] + 1, 64), torch.float32, DEVICE)
+    out = big[:, 1:]  # a view with token stride 5 * 64
+    got = paged_attention(*batch.args(), scale=0.3, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.isnan(big[:, 0]).all(), "wrote outside the out view"
+    assert_close(got, paged_attention_ref(*batch.args(), scale=0.3), torch.float32)
+    # the scale matters: the default (64 ** -0.5 = 0.125) gives a different answer
+    fresh = paged_attention(*batch.args())
+    assert fresh.dtype == torch.float32 and fresh.shape == batch.query.shape and fresh.is_contiguous()
+    assert_close(fresh, paged_attention_ref(*batch.args()), torch.float32)
+    assert not torch.allclose(got, fresh, atol=1e-3)
+
+
+def test_default_split_heuristic_runs_split_k(monkeypatch):
+    """num_splits=None on a long decode takes the split path (2 splits: 1100 keys, >= 512 a split)."""
+    chosen = []
+    choose = pa._choose_config
+    monkeypatch.setattr(pa, "_choose_config", lambda *a, **k: chosen.append(choose(*a, **k)) or chosen[-1])
+    batch = make_batch([(1, 1099)], block_size=32, num_kv_heads=2, group=4, head_dim=64, dtype=torch.bfloat16)
+    got, want = run_both(batch)
+    assert [c.num_splits for c in chosen] == [2]
+    assert_close(got, want, torch.bfloat16)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    specs=st.lists(st.tuples(st.integers(0, 70), st.integers(0, 150)), min_size=1, max_size=5),
+    block_size=st.sampled_from([16, 48, 128]),
+    group=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([64, 80]),
+    dtype=st.sampled_from(sorted(DTYPES)),
+    num_splits=st.sampled_from([None, 1, 3]),
+)
+def test_random_batches_match_reference(specs, block_size, group, head_dim, dtype, num_splits):
+    """Seeded random batches: any mix of q_len (0 included) and context, pages of 48 (not a power of 2)."""
+    if sum(q for q, _ in specs) == 0:
+        specs = specs + [(1, 0)]
+    batch = make_batch(specs, block_size=block_size, num_kv_heads=1, group=group, head_dim=head_dim,
+                       dtype=DTYPES[dtype], seed=len(specs))
+    got, want = run_both(batch, num_splits=num_splits)
+    assert_close(got, want, DTYPES[dtype], msg=f"{specs} splits={num_splits}")
+
+
+def test_split_heuristic_splits_only_long_decodes():
+    kw = dict(dtype=torch.bfloat16, head_dim=128, group=4, num_kv_heads=8, sm_count=132, num_splits=None)
+    # batch 1 at 32K: 8 programs alone would fill 6% of 132 SMs; 32 splits make 256 programs
+    assert pa._choose_config(decode=True, num_seqs=1, max_seq_len=32768, **kw).num_splits == 32
+    assert pa._choose_config(decode=True, num_seqs=64, max_seq_len=1024, **kw).num_splits == 1
+    assert pa._choose_config(decode=True, num_seqs=1, max_seq_len=1000, **kw).num_splits == 1  # < 2 x 512 keys
+    assert pa._choose_config(decode=False, num_seqs=1, max_seq_len=32768, **kw).num_splits == 1
+    assert pa._is_decode(1, 4) and pa._is_decode(4, 4) and not pa._is_decode(5, 4)
+
+
+def test_reference_matches_dense_attention_and_row_blocking(monkeypatch):
+    """The oracle against per-sequence dense SDPA in fp64, with and without row blocks."""
+    batch = make_batch([(1, 37), (63, 0), (20, 100), (0, 5)], block_size=16, num_kv_heads=2, group=3, head_dim=32,
+                       dtype=torch.float32)
+    q, kc, vc, bt, sl, cu = (t.cpu() for t in batch.args())
+    want = torch.empty(q.shape, dtype=torch.float64)
+    for s in range(len(sl)):
+        n, (a, b) = int(sl[s]), cu[s : s + 2].tolist()
+        pos = torch.arange(n)
+        slot = bt[s, pos // 16].long() * 16 + pos % 16
+        k = kc.view(-1, 2, 32)[slot].double().repeat_interleave(3, 1).transpose(0, 1)
+        v = vc.view(-1, 2, 32)[slot].double().repeat_interleave(3, 1).transpose(0, 1)
+        visible = pos[None, :] <= (n - (b - a) + torch.arange(b - a))[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(q[a:b].double().transpose(0, 1), k, v, attn_mask=visible)
+        want[a:b] = o.transpose(0, 1)
+    torch.testing.assert_close(paged_attention_ref(q, kc, vc, bt, sl, cu).double(), want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(ref_mod, "SCORE_BYTES", 4 * 6 * 120 * 7)  # 7-row blocks
+    torch.testing.assert_close(paged_attention_ref(q, kc, vc, bt, sl, cu).double(), want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad inputs: ValueError before anything is launched or written, from the kernel and (where the
+# limit is not the kernel's own) from the oracle.
+
+
+def _bad_batch(name):
+    b = make_batch([(3, 20), (1, 40)], block_size=16, num_kv_heads=2, group=2, head_dim=64, dtype=torch.float16)
+    args = dict(query=b.query, key_cache=b.key_cache, value_cache=b.value_cache, block_tables=b.block_tables,
+                seq_lens=b.seq_lens, cu_seqlens_q=b.cu_seqlens_q)
+    kw = {}
+    if name == "query-dtype-vs-cache":
+        args["query"] = b.query.float()
+    elif name == "cache-dtype-pair":
+        args["value_cache"] = b.value_cache.bfloat16()
+    elif name == "device-mismatch":
+        args["seq_lens"] = torch.empty(b.seq_lens.shape, dtype=torch.int32, device="meta")
+    elif name == "heads-not-multiple":
+        args["query"] = torch.zeros(4, 3, 64, dtype=torch.float16, device=DEVICE)
+    elif name == "block-table-too-short":
+        args["block_tables"] = b.block_tables[:, :2]  # seq 1 has 41 tokens: 3 blocks of 16
+    elif name == "block-id-out-of-range":
+        bt = b.block_tables.clone()
+        bt[1, 2] = b.key_cache.shape[0]
+        args["block_tables"] = bt
+    elif name == "block-tables-int64":
+        args["block_tables"] = b.block_tables.long()
+    elif name == "seq-len-below-q-len":
+        args["seq_lens"] = torch.tensor([2, 41], dtype=torch.int32, device=DEVICE)
+    elif name == "cu-seqlens-end":
+        args["cu_seqlens_q"] = torch.tensor([0, 3, 5], dtype=torch.int32, device=DEVICE)
+    elif name == "cu-seqlens-decreasing":
+        args["cu_seqlens_q"] = torch.tensor([0, 5, 4], dtype=torch.int32, device=DEVICE)
+        args["query"] = torch.zeros(4, 4, 64, dtype=torch.float16, device=DEVICE)
+    elif name == "out-shape":
+        kw["out"] = torch.empty(4, 4, 32, dtype=torch.float16, device=DEVICE)
+    elif name == "cache-not-contiguous":
+        # (num_blocks, num_kv_heads, block_size, head_dim) memory seen through our shape
+        args["key_cache"] = b.key_cache.transpose(1, 2).contiguous().transpose(1, 2)
+    elif name == "query-int":
+        args["query"] = b.query.to(torch.int32)
+    # the kernel's own limits
+    elif name == "group-65":
+        args["query"] = torch.zeros(4, 130, 64, dtype=torch.float16, device=DEVICE)
+    elif name == "head-dim-512":
+        small = make_batch([(3, 20), (1, 40)], block_size=16, num_kv_heads=2, group=2, head_dim=512,
+                           dtype=torch.float16)
+        args = dict(zip(args, small.args()))
+    elif name == "query-head-dim-strided":
+        args["query"] = torch.zeros(4, 4, 128, dtype=torch.float16, device=DEVICE)[..., ::2]
+    elif name == "num-splits-0":
+        kw["num_splits"] = 0
+    elif name == "num-splits-65":
+        kw["num_splits"] = 65
+    return args, kw
+
+
+# What each error must name (the argument, or the limit).
+MATCH = {
+    "query-dtype-vs-cache": "dtype", "cache-dtype-pair": "value_cache dtype", "device-mismatch": "device",
+    "heads-not-multiple": "multiple of num_kv_heads", "block-table-too-short": "block_tables has 2 columns",
+    "block-id-out-of-range": "block id outside", "block-tables-int64": "block_tables dtype",
+    "seq-len-below-q-len": r"seq_lens\[0\]", "cu-seqlens-end": "cu_seqlens_q must run from 0",
+    "cu-seqlens-decreasing": "non-decreasing", "out-shape": "out must be", "cache-not-contiguous": "contiguous",
+    "query-int": "query dtype", "group-65": r"num_q_heads // num_kv_heads must be in 1..64",
+    "head-dim-512": r"head_dim must be in 1..256", "query-head-dim-strided": "unit stride",
+    "num-splits-0": "num_splits", "num-splits-65": "num_splits",
+}
+KERNEL_ONLY = {"group-65", "head-dim-512", "query-head-dim-strided", "num-splits-0", "num-splits-65"}
+BAD = ["query-dtype-vs-cache", "cache-dtype-pair", "device-mismatch", "heads-not-multiple", "block-table-too-short",
+       "block-id-out-of-range", "block-tables-int64", "seq-len-below-q-len", "cu-seqlens-end", "cu-seqlens-decreasing",
+       "out-shape", "cache-not-contiguous", "query-int", *sorted(KERNEL_ONLY)]
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_input_raises_before_launch(name, monkeypatch):
+    args, kw = _bad_batch(name)
+    launched = []
+    monkeypatch.setattr(pa, "_launch", lambda *a, **k: launched.append(1))
+    with pytest.raises(ValueError, match=MATCH[name]):
+        paged_attention(**args, **kw)
+    assert not launched
+    if name not in KERNEL_ONLY:
+        kw.pop("num_splits", None)
+        with pytest.raises(ValueError, match=MATCH[name]):
+            paged_attention_ref(**args, **kw)
+    else:  # a limit of the kernel alone: the oracle runs it
+        kw.pop("num_splits", None)
+        assert not torch.isnan(paged_attention_ref(**args, **kw)).any()
+
+
+def test_bad_input_leaves_out_untouched():
+    args, _ = _bad_batch("block-table-too-short")
+    out = nan_filled(args["query"].shape, args["query"].dtype, DEVICE)
+    with pytest.raises(ValueError, match="block_tables"):
+        paged_attention(**args, out=out)
+    assert torch.isnan(out).all()
