@@ -1,1 +1,19 @@
-"""Hybrid Mamba-2/attention model (Bamba layout) with `torch` and `triton` backends."""
+"""Hybrid Mamba-2/attention model (Bamba layout) with `torch` and `triton` backends.
+
+    from model import load_pretrained, from_preset, SequenceChunk
+    lm = load_pretrained("path/to/bamba", backend="torch")     # HF config.json + safetensors
+    lm.logits(ids)                                            # (T, vocab), no cache
+    cache = lm.allocate_cache(num_blocks, block_size, num_state_slots)
+    out = lm.forward_batch([SequenceChunk(ids, 0, blocks, slot)], cache)
+"""
+
+from model.batch import BatchOutput, SequenceChunk, split_row
+from model.cache import ModelCache, SSMState
+from model.config import PRESETS, HybridConfig
+from model.hybrid import HybridLM
+from model.loading import from_preset, init_random_weights, load_pretrained
+
+__all__ = [
+    "BatchOutput", "HybridConfig", "HybridLM", "ModelCache", "PRESETS", "SSMState", "SequenceChunk",
+    "from_preset", "init_random_weights", "load_pretrained", "split_row",
+]

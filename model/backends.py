@@ -1,0 +1,65 @@
+"""The ops table: which implementation runs each sequence-mixing op.
+
+`torch` runs the PyTorch references of `kernels.reference` (fast enough on a CPU to be the
+experiment's backend); `triton` runs the Triton kernels of `kernels` (on a CPU through the
+interpreter, so only for tests on tiny shapes). The model calls ops only through this table,
+so both backends execute the same weights and the same model code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+# op name -> (module, function) per backend; modules are imported when a backend is first asked
+# for, so the torch backend never imports Triton kernel modules.
+_OPS: dict[str, dict[str, tuple[str, str]]] = {
+    "torch": {
+        "ssd_scan": ("kernels.reference.ssd", "ssd_scan_chunked"),
+        "ssd_decode_step": ("kernels.reference.ssd", "ssd_decode_step_ref"),
+        "causal_conv1d": ("kernels.reference.conv1d", "causal_conv1d_ref"),
+        "conv1d_decode_step": ("kernels.reference.conv1d", "causal_conv1d_decode_step_ref"),
+        "write_kv_cache": ("kernels.reference.paged_attention", "write_kv_cache_ref"),
+        "paged_attention": ("kernels.reference.paged_attention", "paged_attention_ref"),
+    },
+    "triton": {
+        "ssd_scan": ("kernels.ssd_scan", "ssd_scan"),
+        "ssd_decode_step": ("kernels.ssd_decode", "ssd_decode_step"),
+        "causal_conv1d": ("kernels.causal_conv1d", "causal_conv1d"),
+        "conv1d_decode_step": ("kernels.conv1d_decode", "causal_conv1d_decode_step"),
+        "write_kv_cache": ("kernels.kv_cache_write", "write_kv_cache"),
+        "paged_attention": ("kernels.paged_attention", "paged_attention"),
+    },
+}
+
+BACKENDS = tuple(_OPS)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Callables with the signatures documented in `kernels/` (shared by kernel and reference)."""
+
+    name: str
+    # Whether ssd_scan gets the checkpoint's mamba_chunk_size. The scan's chunk is a tiling choice,
+    # not math (any chunk gives the same y and states up to rounding): the Triton kernels tile by
+    # it (Bamba: 256); the CPU reference keeps its own default, 128, its fastest on 2 cores.
+    scan_chunk_from_config: bool
+    ssd_scan: Callable  # (x, dt, A, B, C, *, cu_seqlens, D, dt_bias, dt_softplus, dt_limit, initial_states, capture_offsets) -> (y, final, captured)
+    ssd_decode_step: Callable  # (x, dt, A, B, C, *, state_pool, slot_idx, D, dt_bias, dt_softplus, dt_limit) -> y
+    causal_conv1d: Callable  # (x, weight, bias, *, cu_seqlens, initial_states, capture_offsets, activation) -> (y, final, captured)
+    conv1d_decode_step: Callable  # (x, *, conv_state_pool, weight, bias, slot_idx, activation) -> y
+    write_kv_cache: Callable  # (key, value, key_cache, value_cache, slot_mapping) -> None
+    paged_attention: Callable  # (query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, *, scale) -> out
+
+
+_loaded: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    if name not in _OPS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")
+    if name not in _loaded:
+        ops = {op: getattr(importlib.import_module(module), fn) for op, (module, fn) in _OPS[name].items()}
+        _loaded[name] = Backend(name=name, scan_chunk_from_config=name == "triton", **ops)
+    return _loaded[name]

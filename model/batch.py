@@ -1,0 +1,181 @@
+"""The engine-facing batch contract: `SequenceChunk` rows in, `BatchOutput` out, and the packing between.
+
+A forward batch mixes rows at different stages: prefill chunks (n > 1 new tokens, maybe
+resuming from a restored SSM state, maybe asking for in-chunk state captures) and decode rows
+(n == 1). `pack_rows` turns the rows into the flat tensors the kernels take: tokens packed
+prefill rows first, then decode rows, so a Mamba layer slices its two halves instead of
+gathering them; attention sees all rows in one varlen paged call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from model.attention import PagedAttentionInputs
+from model.cache import ModelCache, SSMState
+
+
+@dataclass
+class SequenceChunk:
+    """One row of a forward batch."""
+
+    token_ids: torch.Tensor  # (n,) int64: the new tokens of this row
+    start_pos: int  # tokens of this sequence already computed: its KV/SSM state cover [0, start_pos)
+    block_table: list[int]  # KV block ids covering at least start_pos + n tokens
+    state_slot: int  # row of the SSM/conv state pools
+    kv_cached_len: int = 0  # KV of positions < kv_cached_len already sits in (shared) blocks: not rewritten
+    capture_offsets: tuple[int, ...] = ()  # 0 < o < n: capture every Mamba layer's state after token o - 1
+    all_logits: bool = False  # logits for every token (tests), else only for the last one
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.numel())
+
+    @property
+    def end_pos(self) -> int:
+        return self.start_pos + self.num_tokens
+
+
+@dataclass
+class BatchOutput:
+    logits: list[torch.Tensor]  # per row: (vocab,) for its last token, or (n, vocab) when all_logits
+    captured: list[list[SSMState]] = field(default_factory=list)  # per row, in capture_offsets order
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def validate_rows(rows: list[SequenceChunk], cache: ModelCache, vocab_size: int) -> None:
+    """ValueError naming the field of the first bad row; nothing is computed for an invalid batch."""
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise ValueError("rows: expected a non-empty list of SequenceChunk")
+    seen_slots: dict[int, int] = {}
+    for r, row in enumerate(rows):
+        def bad(name: str, msg: str):
+            raise ValueError(f"{name}: row {r}: {msg}")
+
+        ids = row.token_ids
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
+            bad("token_ids", f"expected a 1-D int64 tensor, got {getattr(ids, 'shape', type(ids))}")
+        n = ids.numel()
+        if n < 1:
+            bad("token_ids", "a row needs at least one token")
+        if not _is_int(row.start_pos) or row.start_pos < 0:
+            bad("start_pos", f"must be an int >= 0, got {row.start_pos!r}")
+        if not _is_int(row.state_slot) or not 0 <= row.state_slot < cache.num_state_slots:
+            bad("state_slot", f"must be an int in 0 .. {cache.num_state_slots - 1}, got {row.state_slot!r}")
+        if row.state_slot in seen_slots:
+            bad("state_slot", f"slot {row.state_slot} is also used by row {seen_slots[row.state_slot]}")
+        seen_slots[row.state_slot] = r
+        if not _is_int(row.kv_cached_len) or row.kv_cached_len < 0:
+            bad("kv_cached_len", f"must be an int >= 0, got {row.kv_cached_len!r}")
+        need = -(-(row.start_pos + n) // cache.block_size)
+        table = list(row.block_table)
+        if len(table) < need:
+            bad("block_table", f"{len(table)} blocks cannot hold start_pos + n = {row.start_pos + n} tokens "
+                f"(block_size {cache.block_size} needs {need})")
+        if any(not _is_int(b) or not 0 <= b < cache.num_blocks for b in table[:need]):
+            bad("block_table", f"block ids must be ints in 0 .. {cache.num_blocks - 1}, got {table[:need]}")
+        offs = tuple(row.capture_offsets)
+        if any(not _is_int(o) or not 0 < o < n for o in offs):
+            bad("capture_offsets", f"offsets must be ints with 0 < o < n = {n}, got {offs}")
+        if any(b <= a for a, b in zip(offs, offs[1:])):
+            bad("capture_offsets", f"offsets must be strictly increasing, got {offs}")
+        if not isinstance(row.all_logits, bool):
+            bad("all_logits", f"must be a bool, got {row.all_logits!r}")
+    # id range: one min/max over the whole batch (one host sync, not one per row)
+    lo, hi = torch.cat([r.token_ids.reshape(-1).to(rows[0].token_ids.device) for r in rows]).aminmax()
+    if int(lo) < 0 or int(hi) >= vocab_size:
+        r = next(i for i, row in enumerate(rows) if int(row.token_ids.min()) < 0 or int(row.token_ids.max()) >= vocab_size)
+        raise ValueError(f"token_ids: row {r}: ids must lie in 0 .. {vocab_size - 1}")
+
+
+@dataclass
+class PackedBatch:
+    """Rows flattened for the kernels; internal row i is caller row `order[i]`."""
+
+    order: list[int]
+    rows: list[SequenceChunk]  # in internal order
+    token_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,) absolute positions (RoPE)
+    num_prefill_rows: int
+    num_prefill_tokens: int
+    prefill_cu_seqlens: torch.Tensor  # (Sp+1,) int32
+    prefill_slots: torch.Tensor  # (Sp,) int64
+    prefill_all_fresh: bool  # every prefill row starts at position 0: no initial state to gather
+    capture_offsets: list[list[int]] | None  # per prefill row, None when no row captures
+    decode_slots: torch.Tensor  # (Sd,) int64
+    attention: PagedAttentionInputs
+    logit_index: torch.Tensor  # (R,) packed token index of every token whose logits are returned
+    logit_counts: list[int]  # per internal row
+
+
+def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device) -> PackedBatch:
+    order = [i for i, r in enumerate(rows) if r.num_tokens > 1] + [i for i, r in enumerate(rows) if r.num_tokens == 1]
+    ordered = [rows[i] for i in order]
+    num_prefill = sum(r.num_tokens > 1 for r in ordered)
+    lens = [r.num_tokens for r in ordered]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+
+    positions, slot_mapping, tables = [], [], []
+    max_blocks = max(-(-r.end_pos // block_size) for r in ordered)
+    for r in ordered:
+        pos = torch.arange(r.start_pos, r.end_pos)
+        table = torch.tensor(list(r.block_table)[:max_blocks], dtype=torch.int64)
+        slots = table[pos // block_size] * block_size + pos % block_size
+        slot_mapping.append(torch.where(pos < r.kv_cached_len, -1, slots))
+        positions.append(pos)
+        tables.append(torch.nn.functional.pad(table, (0, max_blocks - table.numel())))  # unused columns: never read
+
+    logit_index, counts = [], []
+    for r, start in zip(ordered, cu):
+        count = r.num_tokens if r.all_logits else 1
+        logit_index.append(torch.arange(start + r.num_tokens - count, start + r.num_tokens))
+        counts.append(count)
+
+    prefill = ordered[:num_prefill]
+    captures = [list(r.capture_offsets) for r in prefill]
+    to = dict(device=device)
+    return PackedBatch(
+        order=order,
+        rows=ordered,
+        token_ids=torch.cat([r.token_ids.to(device=device, dtype=torch.long) for r in ordered]),
+        positions=torch.cat(positions).to(**to),
+        num_prefill_rows=num_prefill,
+        num_prefill_tokens=cu[num_prefill],
+        prefill_cu_seqlens=torch.tensor(cu[:num_prefill + 1], dtype=torch.int32, **to),
+        prefill_slots=torch.tensor([r.state_slot for r in prefill], dtype=torch.int64, **to),
+        prefill_all_fresh=all(r.start_pos == 0 for r in prefill),
+        capture_offsets=captures if any(captures) else None,
+        decode_slots=torch.tensor([r.state_slot for r in ordered[num_prefill:]], dtype=torch.int64, **to),
+        attention=PagedAttentionInputs(
+            slot_mapping=torch.cat(slot_mapping).to(**to),
+            block_tables=torch.stack(tables).to(dtype=torch.int32, **to),
+            seq_lens=torch.tensor([r.end_pos for r in ordered], dtype=torch.int32, **to),
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, **to),
+        ),
+        logit_index=torch.cat(logit_index).to(**to),
+        logit_counts=counts,
+    )
+
+
+def split_row(row: SequenceChunk, offset: int) -> tuple[SequenceChunk, SequenceChunk]:
+    """The two-pass fallback: `row` as two consecutive rows cut after token offset - 1.
+
+    Running the head, reading its slot (`ModelCache.read_state`) and then running the tail gives
+    the state an in-pass capture at `offset` returns, and the same final state and logits.
+    Captures on either side move with their tokens; the head returns logits only if all_logits.
+    """
+    n = row.num_tokens
+    if not _is_int(offset) or not 0 < offset < n:
+        raise ValueError(f"offset: must be an int with 0 < offset < n = {n}, got {offset!r}")
+    head = replace(row, token_ids=row.token_ids[:offset],
+                   capture_offsets=tuple(o for o in row.capture_offsets if o < offset))
+    tail = replace(row, token_ids=row.token_ids[offset:], start_pos=row.start_pos + offset,
+                   capture_offsets=tuple(o - offset for o in row.capture_offsets if o > offset))
+    return head, tail

@@ -1,0 +1,190 @@
+"""`HybridLM`: the Bamba layout (Mamba-2 mixers and GQA attention blocks, each followed by a
+SwiGLU MLP, RMSNorm pre-norms) with two forwards:
+
+* `logits(input_ids)`: one sequence from position 0, no cache, causal SDPA for attention and the
+  varlen scan with zero initial state: the path everything else is compared with;
+* `forward_batch(rows, cache)`: the engine's batched chunk forward over a paged KV cache and
+  the SSM/conv state pools, with in-pass state captures.
+
+Parameter names follow transformers' `BambaForCausalLM` with its `model.` prefix dropped, so
+loading an HF checkpoint is a name map (see `model.loading`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from model.attention import Attention
+from model.backends import Backend, get_backend
+from model.batch import BatchOutput, SequenceChunk, pack_rows, split_row, validate_rows
+from model.cache import ModelCache, SSMState
+from model.config import HybridConfig
+from model.mamba2 import Mamba2Mixer, MixerStates
+from model.mlp import SwiGLU
+from model.norms import RMSNorm
+from model.rope import rope_cos_sin
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: HybridConfig, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.feed_forward = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        if kind == "mamba":
+            self.mamba = Mamba2Mixer(config)
+        else:
+            self.self_attn = Attention(config)
+
+    def forward(self, h: torch.Tensor, mix: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Pre-norm residual block; `mix` is the sequence mixer applied to the normed input."""
+        h = h + mix(self.input_layernorm(h))
+        return h + self.feed_forward(self.pre_ff_layernorm(h))
+
+
+class HybridLM(nn.Module):
+    def __init__(self, config: HybridConfig, backend: str = "torch"):
+        super().__init__()
+        self.config = config
+        self.ops: Backend = get_backend(backend)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
+        self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def set_backend(self, name: str) -> "HybridLM":
+        self.ops = get_backend(name)
+        return self
+
+    @property
+    def backend(self) -> str:
+        return self.ops.name
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        return rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, dtype)
+
+    # the reference path ----------------------------------------------------------------------
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(T,) token ids of one sequence -> (T, vocab) logits; a plain forward with no cache."""
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or input_ids.numel() < 1:
+            raise ValueError(f"input_ids: expected a non-empty 1-D LongTensor, got {getattr(input_ids, 'shape', input_ids)}")
+        input_ids = input_ids.to(self.device)
+        T = input_ids.numel()
+        h = self.embed_tokens(input_ids)
+        cos, sin = self._rope(torch.arange(T, device=self.device), h.dtype)
+        cu_seqlens = torch.tensor([0, T], dtype=torch.int32, device=self.device)
+        for layer in self.layers:
+            if layer.kind == "attention":
+                h = layer(h, lambda x: layer.self_attn(x, cos, sin))
+            else:
+                h = layer(h, lambda x: layer.mamba(x, self.ops, cu_seqlens=cu_seqlens)[0])
+        return self.lm_head(self.final_layernorm(h))
+
+    # the engine path -------------------------------------------------------------------------
+    def allocate_cache(self, num_blocks: int, block_size: int, num_state_slots: int) -> ModelCache:
+        return ModelCache(self.config, num_blocks, block_size, num_state_slots, self.dtype, self.device)
+
+    @torch.no_grad()
+    def forward_batch(self, rows: list[SequenceChunk], cache: ModelCache) -> BatchOutput:
+        """One forward over rows at any stage; see `model.batch.SequenceChunk` for the row contract.
+
+        A row with start_pos == 0 starts from zero SSM/conv state, any other from its slot; after
+        the call each row's slot holds its state after its last token. Captured states come back
+        per row in capture_offsets order.
+        """
+        if cache.config != self.config or cache.device != self.device or cache.dtype != self.dtype:
+            raise ValueError("cache: allocated for another model, dtype or device (use model.allocate_cache)")
+        validate_rows(rows, cache, self.config.vocab_size)
+        batch = pack_rows(rows, cache.block_size, self.device)
+        for row in batch.rows:
+            if row.start_pos == 0:
+                cache.reset_state(row.state_slot)
+
+        h = self.embed_tokens(batch.token_ids)
+        cos, sin = self._rope(batch.positions, h.dtype)
+        captured: dict[int, MixerStates] = {}
+        for i, layer in enumerate(self.layers):
+            if layer.kind == "attention":
+                h = layer(h, lambda x: layer.self_attn.forward_paged(
+                    x, cos, sin, cache.key_cache[i], cache.value_cache[i], batch.attention, self.ops))
+            else:
+                h = layer(h, lambda x: self._mamba_rows(i, layer.mamba, x, batch, cache, captured))
+
+        logits = self.lm_head(self.final_layernorm(h[batch.logit_index]))
+        per_row = list(logits.split(batch.logit_counts))
+        per_row = [lg if row.all_logits else lg[0] for lg, row in zip(per_row, batch.rows)]
+        snapshots = self._snapshots(batch, captured)
+        out = BatchOutput(logits=[None] * len(rows), captured=[[] for _ in rows])
+        for internal, caller in enumerate(batch.order):
+            out.logits[caller] = per_row[internal]
+            out.captured[caller] = snapshots[internal]
+        return out
+
+    def _mamba_rows(self, i: int, mixer: Mamba2Mixer, x: torch.Tensor, batch, cache: ModelCache,
+                    captured: dict[int, MixerStates]) -> torch.Tensor:
+        """Prefill rows through the varlen conv/scan (states from and back to the pools), decode
+        rows through the one-token steps; tokens are packed prefill first, so both are slices."""
+        Tp = batch.num_prefill_tokens
+        conv_pool, ssm_pool = cache.conv_pool[i], cache.ssm_pool[i]
+        parts = []
+        if batch.num_prefill_rows:
+            slots = batch.prefill_slots
+            initial = None if batch.prefill_all_fresh else MixerStates(conv_pool[slots], ssm_pool[slots])
+            y, final, caps = mixer(x[:Tp], self.ops, cu_seqlens=batch.prefill_cu_seqlens, initial=initial,
+                                   capture_offsets=batch.capture_offsets)
+            conv_pool[slots] = final.conv.to(conv_pool.dtype)
+            ssm_pool[slots] = final.ssm
+            captured[i] = caps
+            parts.append(y)
+        if Tp < x.shape[0]:
+            parts.append(mixer.forward_decode(x[Tp:], self.ops, conv_pool=conv_pool, ssm_pool=ssm_pool,
+                                              slot_idx=batch.decode_slots))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _snapshots(self, batch, captured: dict[int, MixerStates]) -> list[list[SSMState]]:
+        """Per internal row, its captured states as SSMState (captures are packed row by row)."""
+        layers = self.config.mamba_layer_indices
+        out, k = [], 0
+        for r, row in enumerate(batch.rows):
+            states = []
+            for _ in (row.capture_offsets if r < batch.num_prefill_rows else ()):
+                states.append(SSMState([captured[i].conv[k] for i in layers], [captured[i].ssm[k] for i in layers]))
+                k += 1
+            out.append(states)
+        return out
+
+    def forward_row_in_passes(self, row: SequenceChunk, cache: ModelCache) -> BatchOutput:
+        """The two-pass fallback for one row: cut at every capture offset, run the pieces one after
+        another and read the slot between them. Same logits, final state and captures as the
+        in-pass `forward_batch([row], cache)`, at the cost of one extra forward per capture."""
+        pieces, rest = [], row
+        for o in row.capture_offsets[::-1]:  # cut from the back so the offsets stay valid in `row`
+            rest, tail = split_row(rest, o)
+            pieces.insert(0, tail)
+        pieces.insert(0, rest)
+        snapshots, logits = [], []
+        for j, piece in enumerate(pieces):
+            result = self.forward_batch([piece], cache)
+            if j + 1 < len(pieces):
+                snapshots.append(cache.read_state(row.state_slot))
+            if row.all_logits or j + 1 == len(pieces):
+                logits.append(result.logits[0])
+        return BatchOutput(logits=[torch.cat(logits) if row.all_logits else logits[-1]], captured=[snapshots])

@@ -1,0 +1,40 @@
+"""RMSNorm and the Mamba-2 mixer's gated, grouped RMSNorm, computed in fp32 as transformers' Bamba does."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """norm(y * silu(gate)) with the statistics taken per group of `group_size` channels.
+
+    Bamba normalizes each of the `n_groups` slices of the inner dimension on its own (the
+    slices that share one B/C group), so with n_groups > 1 this is not a plain RMSNorm.
+    """
+
+    def __init__(self, hidden_size: int, group_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.group_size = group_size
+        self.eps = eps
+
+    def forward(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        in_dtype = y.dtype
+        y32 = y.float() * F.silu(gate.float())
+        grouped = y32.view(*y32.shape[:-1], -1, self.group_size)
+        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * grouped.view(y32.shape).to(in_dtype)
