@@ -165,6 +165,8 @@ class Engine:
         return logits, captured
 
     def _save_snapshots(self, row: ScheduledRow, captured: list[Any]) -> None:
+        if not self.config.scheduler.enable_prefix_caching:
+            return  # nothing could ever restore them
         req, plan = row.request, row.plan
         saves = [(plan.offset + o, state) for o, state in zip(plan.capture_offsets, captured)]
         if plan.snapshot_at_end:
