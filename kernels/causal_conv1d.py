@@ -1,0 +1,186 @@
+"""Causal depthwise conv1d (width 4, optional SiLU), varlen, with conv-state capture in the launch.
+
+    y_t = act( w_0 u_{t-3} + w_1 u_{t-2} + w_2 u_{t-1} + w_3 u_t + bias )
+
+u is the sequence's input preceded by its initial conv state (the last W-1 = 3 inputs, oldest
+first; zeros when none is given). One launch has two kinds of programs:
+
+* token tiles (BLOCK_T tokens of one sequence x BLOCK_D channels): the conv itself. A tile never
+  spans two sequences (the host splits each sequence into tiles), so the three inputs before the
+  tile come from the same sequence or from its initial state.
+* state programs, appended to the grid after the tiles: one per final state and per capture.
+  The conv state after tokens [0, o) is u_{o-3}, u_{o-2}, u_{o-1}: three input rows gathered and
+  stored. A capture therefore costs 3 x D reads and writes (25 KB at D = 8448, bf16) and no
+  extra pass over the tokens; the final state is the same gather at o = len.
+
+States are kept in x's dtype (raw inputs: lossless). x (T, D) may be a strided view.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.compile_check import KernelVariant
+from kernels.reference.conv1d import Conv1dOutput, check_conv1d_args
+from kernels.reference.ssd import _fail, build_chunk_table
+
+__all__ = ["causal_conv1d", "Conv1dOutput"]
+
+WIDTH = 4
+
+
+@triton.jit
+def _load_u_row(x_seq, init_seq, pos, o_d, m_d, stride_x_t, stride_x_d, W: tl.constexpr, HAS_INIT: tl.constexpr):
+    """u at one sequence position (a scalar) for channels o_d: x for pos >= 0, the initial state's
+    column W-1+pos for -(W-1) <= pos < 0, zero without one."""
+    m_x = m_d & ((o_d * 0 + pos) >= 0)  # the scalar test broadcast explicitly (the interpreter needs it)
+    b_u = tl.load(x_seq + pos * stride_x_t + o_d * stride_x_d, mask=m_x, other=0.0)
+    if HAS_INIT:
+        b_i = tl.load(init_seq + o_d * (W - 1) + (W - 1 + pos), mask=m_d & ~m_x, other=0.0)
+        b_u = tl.where(m_x, b_u, b_i)
+    return b_u.to(tl.float32)
+
+
+@triton.jit
+def _causal_conv1d_kernel(
+    # pointers
+    x, weight, bias, initial_states, tile_start, tile_len, tile_pos, tile_seq,
+    state_seq, state_end, cu_seqlens, y, final_states, captured_states,
+    # sizes
+    D, n_tiles, S,
+    # strides
+    stride_x_t, stride_x_d,
+    # meta
+    W: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr, SILU: tl.constexpr,
+):
+    i_j, i_d = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_d = o_d < D
+    if i_j < n_tiles:
+        # ---- conv over one tile of tokens: a rolling 4-row window, each input row loaded once
+        # (a 2-D (tokens x D) tile with 4 shifted loads ran out of registers and spilled KBs)
+        bos = tl.load(tile_start + i_j).to(tl.int64)  # global index of the tile's first token
+        n = tl.load(tile_len + i_j)
+        pos0 = tl.load(tile_pos + i_j)  # its position inside the sequence
+        i_s = tl.load(tile_seq + i_j).to(tl.int64)
+        x_seq = x + (bos - pos0) * stride_x_t  # the sequence's token 0
+        if HAS_INIT:
+            init_seq = initial_states + i_s * D * (W - 1)
+        else:
+            init_seq = x_seq  # never read
+        b_w0 = tl.load(weight + o_d * W + 0, mask=m_d, other=0.0).to(tl.float32)
+        b_w1 = tl.load(weight + o_d * W + 1, mask=m_d, other=0.0).to(tl.float32)
+        b_w2 = tl.load(weight + o_d * W + 2, mask=m_d, other=0.0).to(tl.float32)
+        b_w3 = tl.load(weight + o_d * W + 3, mask=m_d, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            b_b = tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)
+        else:
+            b_b = tl.zeros([BLOCK_D], dtype=tl.float32)
+        b_u0 = _load_u_row(x_seq, init_seq, pos0 - 3, o_d, m_d, stride_x_t, stride_x_d, W, HAS_INIT)
+        b_u1 = _load_u_row(x_seq, init_seq, pos0 - 2, o_d, m_d, stride_x_t, stride_x_d, W, HAS_INIT)
+        b_u2 = _load_u_row(x_seq, init_seq, pos0 - 1, o_d, m_d, stride_x_t, stride_x_d, W, HAS_INIT)
+        p_x = x + bos * stride_x_t + o_d * stride_x_d
+        p_y = y + bos * D + o_d
+        for _ in range(0, n):
+            b_u3 = tl.load(p_x, mask=m_d, other=0.0).to(tl.float32)
+            b_acc = b_b + b_w0 * b_u0 + b_w1 * b_u1 + b_w2 * b_u2 + b_w3 * b_u3
+            if SILU:
+                b_acc = b_acc * tl.sigmoid(b_acc)
+            tl.store(p_y, b_acc.to(y.dtype.element_ty), mask=m_d)
+            b_u0, b_u1, b_u2 = b_u1, b_u2, b_u3
+            p_x += stride_x_t
+            p_y += D
+    else:
+        # ---- one conv state: u_{e-3}, u_{e-2}, u_{e-1} of sequence s (finals first, then captures)
+        i_k = i_j - n_tiles
+        i_ks = tl.load(state_seq + i_k).to(tl.int64)
+        e = tl.load(state_end + i_k)
+        x_s = x + tl.load(cu_seqlens + i_ks).to(tl.int64) * stride_x_t
+        if HAS_INIT:
+            init_s = initial_states + i_ks * D * (W - 1)
+        else:
+            init_s = x_s  # never read
+        if i_k < S:
+            p_st = final_states + i_k * D * (W - 1) + o_d * (W - 1)
+        else:
+            p_st = captured_states + (i_k - S) * D * (W - 1) + o_d * (W - 1)
+        for c in tl.static_range(W - 1):
+            b_st = _load_u_row(x_s, init_s, e - (W - 1) + c, o_d, m_d, stride_x_t, stride_x_d, W, HAS_INIT)
+            tl.store(p_st + c, b_st.to(p_st.dtype.element_ty), mask=m_d)
+
+
+BLOCK_T = 64  # tokens a program walks: 64 x 3 extra input rows re-read at its start (5%)
+BLOCK_D = 512  # 4 channels a thread at 4 warps: 16-byte fp32 / 8-byte bf16 accesses
+
+
+def _empty(shape, dtype, device) -> torch.Tensor:
+    """Every output buffer; tests swap in NaN-filled ones."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def causal_conv1d(
+    x, weight, bias=None, *, cu_seqlens, initial_states=None, capture_offsets=None, activation="silu",
+) -> Conv1dOutput:
+    """x (T, D), weight (D, 4), bias (D,) or None, cu_seqlens (S+1,), initial_states (S, D, 3) in
+    x's dtype or None (zeros), capture_offsets as in `ssd_scan`, activation "silu" or None.
+    Returns Conv1dOutput(y (T, D), final_states (S, D, 3), captured_states (K, D, 3)), x's dtype."""
+    seqlens, offsets = check_conv1d_args(x, weight, bias, cu_seqlens, initial_states, capture_offsets, activation)
+    T, D = x.shape
+    W = weight.shape[1]
+    if W != WIDTH:
+        _fail("weight", f"the Triton kernel needs width W={WIDTH}, got {W} (the reference takes any W)")
+    dev = x.device
+    out = _empty((T, D), x.dtype, dev)
+    S = len(seqlens)
+    K = sum(len(o) for o in offsets)
+    final = _empty((S, D, W - 1), x.dtype, dev)
+    captured = _empty((K, D, W - 1), x.dtype, dev)
+
+    tiles = build_chunk_table(seqlens, [[] for _ in seqlens], BLOCK_T)
+    n_tiles = len(tiles.start)
+    seq_start = [0]
+    for n in seqlens:
+        seq_start.append(seq_start[-1] + n)
+    tile_pos = [st - seq_start[s] for st, s in zip(tiles.start, tiles.seq)]
+    state_seq = list(range(S)) + [s for s, offs in enumerate(offsets) for _ in offs]
+    state_end = list(seqlens) + [o for offs in offsets for o in offs]
+    meta = torch.tensor(tiles.start + tiles.length + tile_pos + tiles.seq + state_seq + state_end,
+                        dtype=torch.int32).to(dev)
+    nt, ns = n_tiles, S + K
+    t_start, t_len, t_pos, t_seq = (meta[i * nt:(i + 1) * nt] for i in range(4))
+    s_seq, s_end = meta[4 * nt:4 * nt + ns], meta[4 * nt + ns:]
+    init = initial_states.contiguous() if initial_states is not None else None
+    cu = cu_seqlens.to(torch.int32)
+
+    grid = (n_tiles + S + K, triton.cdiv(D, BLOCK_D))
+    _causal_conv1d_kernel[grid](
+        x, weight.contiguous(), bias, init, t_start, t_len, t_pos, t_seq,
+        s_seq, s_end, cu, out, final, captured,
+        D, n_tiles, S,
+        x.stride(0), x.stride(1),
+        W=W, BLOCK_D=BLOCK_D,
+        HAS_BIAS=bias is not None, HAS_INIT=init is not None, SILU=activation == "silu",
+    )
+    return Conv1dOutput(out, final, captured)
+
+
+_TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def compile_variants() -> list[KernelVariant]:
+    """fp32/bf16/fp16; D is a runtime size (8448 for Bamba-9B), x's channel stride 1 as the JIT
+    specializes it."""
+    variants = []
+    fn = _causal_conv1d_kernel
+    for dtype, td in _TRITON_DTYPE.items():
+        consts = dict(stride_x_d=1, W=WIDTH, BLOCK_D=BLOCK_D, HAS_BIAS=True, HAS_INIT=True, SILU=True)
+        types = {a: "*i32" for a in ("tile_start", "tile_len", "tile_pos", "tile_seq", "state_seq", "state_end",
+                                     "cu_seqlens")}
+        types.update({a: f"*{td}" for a in ("x", "weight", "bias", "initial_states", "y", "final_states",
+                                             "captured_states")})
+        sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
+        variants.append(KernelVariant(f"ssm/causal_conv1d/{td}/w4", fn, sig, consts, num_warps=4))
+    return variants
