@@ -36,7 +36,8 @@ def _load_u_row(x_seq, init_seq, pos, o_d, m_d, stride_x_t, stride_x_d, W: tl.co
     """u at one sequence position (a scalar) for channels o_d: x for pos >= 0, the initial state's
     column W-1+pos for -(W-1) <= pos < 0, zero without one."""
     m_x = m_d & ((o_d * 0 + pos) >= 0)  # the scalar test broadcast explicitly (the interpreter needs it)
-    b_u = tl.load(x_seq + pos * stride_x_t + o_d * stride_x_d, mask=m_x, other=0.0)
+    # int64: pos (int32) times the token stride passes 2^31 at 128K tokens of a 16768-wide projection view
+    b_u = tl.load(x_seq + pos.to(tl.int64) * stride_x_t + o_d * stride_x_d, mask=m_x, other=0.0)
     if HAS_INIT:
         b_i = tl.load(init_seq + o_d * (W - 1) + (W - 1 + pos), mask=m_d & ~m_x, other=0.0)
         b_u = tl.where(m_x, b_u, b_i)

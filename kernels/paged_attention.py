@@ -259,8 +259,9 @@ def _choose_config(
     if dtype == torch.float32:
         # tf32x3 holds every MMA operand twice (big and small halves): a 64 x 128 fp32 Q tile alone
         # is 128 registers a thread, and 64x32 / 32x32 tiles spill or sit at 255. 16 x 32 compiles
-        # to ~190. fp32 is the accuracy path, not the fast one.
-        cfg = dict(block_m=16, block_n=32, num_warps=4, num_stages=2)
+        # to ~190. fp32 is the accuracy path, not the fast one. d <= 64 at 2 stages spills 4 B (sm_90)
+        # and 20 B (sm_80) in the split variant under Triton 3.6, the GPU machine's version, so 1.
+        cfg = dict(block_m=16, block_n=32, num_warps=4, num_stages=1 if head_dim_pad <= 64 else 2)
     elif decode:
         # 16 rows (the MMA minimum) x 64 keys, 4 warps: ~115 registers at d128; 3 stages of K+V
         # tiles (39 KiB) keep loads in flight. d64 at 3 stages spills 32 B on sm_80, so 2.

@@ -76,6 +76,31 @@ def test_conv_resume_from_capture():
             k += 1
 
 
+def test_conv_token_offsets_past_int32():
+    """Row offsets past 2^31 elements (a 128K-token prefill of Bamba-9B's 16768-wide projection view).
+
+    x holds 66 tokens 35.2M elements apart, so pos * stride passes 2^31 from position 61 on: the
+    second tile's 3-row window, the capture at 65 and the final state all read there. The storage
+    is 4.4G bf16 elements of address space of which only the 66 rows are touched; the 2^31 elements
+    before x turn a wrapped int32 offset into a wrong read instead of a segfault.
+    """
+    T, D = 66, 8
+    stride = 35_204_656  # 61 * stride = 2^31 + 368
+    lead = 2**31 + 2**20
+    storage = torch.empty(lead + (T - 1) * stride + D, dtype=torch.bfloat16, device=DEVICE)
+    x = storage.as_strided((T, D), (stride, 1), lead)
+    g = torch.Generator().manual_seed(7)
+    x.copy_(torch.randn(T, D, generator=g))
+    weight = torch.randn(D, 4, generator=g).to(device=DEVICE, dtype=torch.bfloat16)
+    bias = torch.randn(D, generator=g).to(device=DEVICE, dtype=torch.bfloat16)
+    kw = dict(cu_seqlens=torch.tensor([0, T], dtype=torch.int32, device=DEVICE), capture_offsets=[[65]])
+    out = causal_conv1d(x, weight, bias, **kw)
+    ref = causal_conv1d_ref(x, weight, bias, **kw)
+    assert_close(out.y, ref.y, torch.bfloat16, "y")
+    assert torch.equal(out.final_states, ref.final_states), "final state"
+    assert torch.equal(out.captured_states, ref.captured_states), "captured state"
+
+
 BAD = [
     ("width-3", {"weight": torch.randn(16, 3), "initial_states": None}, "weight"),
     ("weight-shape", {"weight": torch.randn(15, 4)}, "weight"),

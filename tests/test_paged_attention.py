@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import kernels.paged_attention as pa
 import kernels.reference.paged_attention as ref_mod
+from kernels.kv_cache_write import write_kv_cache
 from kernels.paged_attention import paged_attention
 from kernels.reference.paged_attention import paged_attention_ref, write_kv_cache_ref
 from kernels.testing import assert_close, nan_filled
@@ -161,6 +162,40 @@ def test_default_split_heuristic_runs_split_k(monkeypatch):
     got, want = run_both(batch)
     assert [c.num_splits for c in chosen] == [2]
     assert_close(got, want, torch.bfloat16)
+
+
+def test_cache_offsets_past_int32():
+    """Blocks whose first element lies past 2^31 (batch 64 x 128K x 8 x 128 is 8.6e9 elements a cache).
+
+    The caches are contiguous views into one storage: 2^31 elements of lead, then K, then V, each
+    2^31 + 16K elements of 16-token blocks of 1 x 128. Only the six blocks the batch uses (the last
+    ones, all past 2^31) are ever written; an int32 block_id * stride or slot * stride wraps below
+    the cache into the lead, so the bug reads and writes the wrong rows instead of crashing.
+    """
+    block_size, head_dim, n_used = 16, 128, 6
+    block_numel = block_size * head_dim
+    num_blocks = 2**31 // block_numel + 8
+    n, lead = num_blocks * block_numel, 2**31
+    storage = torch.empty(lead + 2 * n, dtype=torch.bfloat16, device=DEVICE)
+    key_cache = storage[lead:lead + n].view(num_blocks, block_size, 1, head_dim)
+    value_cache = storage[lead + n:].view(num_blocks, block_size, 1, head_dim)
+    specs = [(1, 40), (20, 13)]  # (q_len, context): a decode and a chunk over a prefix
+    seq_lens = [q + ctx for q, ctx in specs]
+    table = torch.arange(num_blocks - n_used, num_blocks, dtype=torch.int32).view(2, 3)
+    pos = [torch.arange(n_tok) for n_tok in seq_lens]
+    slots = torch.cat([table[s, p // block_size].long() * block_size + p % block_size for s, p in enumerate(pos)])
+    g = torch.Generator().manual_seed(11)
+    k, v = (torch.randn(len(slots), 1, head_dim, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    write_kv_cache(k, v, key_cache, value_cache, slots.to(DEVICE, torch.int32))
+    assert torch.equal(key_cache.view(-1, 1, head_dim)[slots.to(DEVICE)], k), "K written at the wrong slots"
+    assert torch.equal(value_cache.view(-1, 1, head_dim)[slots.to(DEVICE)], v), "V written at the wrong slots"
+    query = torch.randn(21, 2, head_dim, generator=g).to(DEVICE, torch.bfloat16)
+    args = (query, key_cache, value_cache, table.to(DEVICE), torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+            torch.tensor([0, 1, 21], dtype=torch.int32, device=DEVICE))
+    want = paged_attention_ref(*args)
+    for num_splits in (1, 2):
+        got = paged_attention(*args, out=nan_filled(query.shape, query.dtype, DEVICE), num_splits=num_splits)
+        assert_close(got, want, torch.bfloat16, msg=f"splits={num_splits}")
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
