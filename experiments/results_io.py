@@ -47,6 +47,7 @@ def _atomic_write(path: Path, write) -> Path:
     try:
         with os.fdopen(fd, "w", newline="") as f:
             write(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)  # a rerun replaces the file whole; a crash leaves the old one
     except BaseException:
         os.unlink(tmp)
