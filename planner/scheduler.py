@@ -145,6 +145,12 @@ class Scheduler:
             req = self.waiting[0]
             if req in preempted:
                 break
+            if budget < cfg.block_size and budget < len(req.all_token_ids):
+                # A sliver left by block-floored chunks (514 - 512 = 2 tokens at budget 512 with
+                # two slots) would admit this request now and match its prefix against a cache
+                # that the chunks of this very tick have not published yet: in a multi-turn run
+                # one such request recomputed a 1812-token shared system prompt. Admit it next tick.
+                break
             plan, restore = self._admit(req, budget)
             if plan is None:
                 break  # not enough free blocks for its first chunk: it waits

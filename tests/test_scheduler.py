@@ -195,3 +195,24 @@ def test_prefill_commit_must_match_the_kv():
     with pytest.raises(RuntimeError, match="KV says"):
         state.commit(plan)
     assert state.commit(state.plan_next(100, 4, 0, "aligned"))
+
+
+def test_a_budget_sliver_does_not_admit_a_request_before_its_shared_prefix_is_published():
+    system = prompt(20, 7)
+
+    def engine():  # tick budget 11 + 2 = 13; a 30-token request's first aligned chunk is 12: 1 token left
+        return make_engine(block_size=4, prefill_budget=11, max_batch_size=2, num_kv_blocks=64, policy="aligned")
+
+    eng = engine()
+    a = eng.add_request(system + prompt(10, 8), 1, "a")
+    b = eng.add_request(system + [3, 4, 5], 1, "b")
+    eng.step()
+    assert a.metrics.chunk_ends == [12] and b in eng.scheduler.waiting  # b waits for a's blocks
+    eng.run_until_done()
+    assert b.metrics.kv_match_tokens == 20  # admitted in the sliver it would have matched nothing
+
+    eng = engine()  # a prompt that fits in the sliver is admitted: it needs no more than it gets
+    eng.add_request(system + prompt(10, 8), 1, "a")
+    eng.add_request([7], 1, "c")
+    out = eng.scheduler.schedule()
+    assert [(r.request.request_id, r.num_tokens) for r in out.rows] == [("a", 12), ("c", 1)]

@@ -1,0 +1,114 @@
+"""Sharded sweeps: every shard writes its own part file; a merge combines them into one CSV.
+
+A sweep is a list of points (plain dicts). Shard i/n runs the points whose index % n == i
+(`results_io.shard`) and rewrites `<out>/parts/<name>.part<i>of<n>.json` after every point, so
+a killed shard keeps what it finished. A part records the whole point list, the shard's
+config and environment, the rows it measured, and the points that failed their correctness
+check (those rows are never written). `merge` reads the parts of one sweep, refuses unless
+every point of the list was measured by exactly one shard, and writes `<name>.csv` (rows) and
+`<name>.json` (config, environments, failures); figures are plotted from that CSV.
+
+Any launcher can split a sweep: run `--shard 0/4` .. `--shard 3/4` anywhere, copy the parts
+into one folder, run `--merge`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from experiments.results_io import read_csv, write_csv, write_json
+
+
+def fingerprint(points: Sequence[dict], config: dict) -> str:
+    """Identifies one sweep definition: parts of different definitions are never merged."""
+    text = json.dumps({"points": list(points), "config": config}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def part_path(out: Path, name: str, shard: tuple[int, int]) -> Path:
+    i, n = shard
+    return Path(out) / "parts" / f"{name}.part{i}of{n}.json"
+
+
+def clear_stale_parts(out: Path, name: str, shard: tuple[int, int], fp: str) -> list[Path]:
+    """Delete this sweep's parts that belong to another split or another definition (a rerun
+    replaces them); parts of the same split and definition (other shards of this run) stay."""
+    removed = []
+    for path in sorted((Path(out) / "parts").glob(f"{name}.part*of*.json")):
+        part = json.loads(path.read_text())
+        if part.get("fingerprint") != fp or part.get("shard", [None, None])[1] != shard[1]:
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def write_part(out: Path, name: str, shard: tuple[int, int], fp: str, points: Sequence[dict], config: dict,
+               environment: dict, rows: list[dict], done: list[int], failed: list[dict]) -> Path:
+    return write_json(part_path(out, name, shard), {
+        "name": name, "shard": list(shard), "fingerprint": fp, "points": list(points), "config": config,
+        "environment": environment, "done": done, "failed": failed, "rows": rows})
+
+
+class IncompleteSweep(RuntimeError):
+    pass
+
+
+def collect(out: Path, name: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """The parts of `name` in `out`, checked to cover every point exactly once: (parts sorted by
+    shard, rows sorted by point, failures)."""
+    paths = sorted((Path(out) / "parts").glob(f"{name}.part*of*.json"))
+    if not paths:
+        raise IncompleteSweep(f"{out}/parts: no part files for sweep {name!r}")
+    parts = sorted((json.loads(p.read_text()) for p in paths), key=lambda p: p["shard"][0])
+    fps = {p["fingerprint"] for p in parts}
+    splits = {p["shard"][1] for p in parts}
+    if len(fps) != 1 or len(splits) != 1:
+        raise IncompleteSweep(f"{out}/parts: parts of {name!r} come from different runs "
+                              f"(fingerprints {sorted(fps)}, splits {sorted(splits)}); rerun or remove the stale ones")
+    n = splits.pop()
+    have = {p["shard"][0] for p in parts}
+    points = parts[0]["points"]
+    done = sorted(i for p in parts for i in p["done"])
+    failed = [f for p in parts for f in p["failed"]]
+    missing_shards = sorted(set(range(n)) - have)
+    missing_points = sorted(set(range(len(points))) - set(done) - {f["point"] for f in failed})
+    if missing_shards or missing_points or len(done) != len(set(done)):
+        raise IncompleteSweep(f"sweep {name!r}: missing shards {missing_shards} of {n}, unmeasured points "
+                              f"{missing_points}, duplicated points {sorted({i for i in done if done.count(i) > 1})}")
+    rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: (r["point"], r.get("row", 0)))
+    return parts, rows, failed
+
+
+def merge(out: Path, name: str) -> dict:
+    """Combine the parts of `name` in `out`; write `<name>.csv` and `<name>.json`; return the meta."""
+    parts, rows, failed = collect(out, name)
+    write_csv(Path(out) / f"{name}.csv", [csv_row(r) for r in rows])
+    meta = {"name": name, "config": parts[0]["config"], "points": parts[0]["points"], "shards": len(parts),
+            "environments": [p["environment"] for p in parts], "failed_points": failed, "rows": len(rows)}
+    write_json(Path(out) / f"{name}.json", meta)
+    return meta
+
+
+def csv_row(row: dict) -> dict:
+    """Lists and dicts go into the CSV as JSON text."""
+    return {k: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v for k, v in row.items()}
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    """A merged CSV back as typed values (numbers, lists, None for empty cells)."""
+    out = []
+    for row in read_csv(path):
+        typed = {}
+        for k, v in row.items():
+            if v == "":
+                typed[k] = None
+                continue
+            try:
+                typed[k] = json.loads(v)
+            except json.JSONDecodeError:
+                typed[k] = v  # a plain string (policy, mode)
+        out.append(typed)
+    return out

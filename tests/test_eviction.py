@@ -1,0 +1,171 @@
+"""FLOP-aware eviction: exact victim order on tiny stores, and the prefill FLOP model."""
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from model.config import PRESETS
+from model.engine import Engine, EngineConfig
+from model.hybrid import HybridLM
+from model.placeholder_runner import PlaceholderRunner
+from planner.block_pool import hash_full_blocks
+from planner.eviction import FlopAwareEviction, PrefillFlops, prefill_flops
+from planner.scheduler import SchedulerConfig
+from planner.snapshot_store import LRUEviction, SnapshotStore
+
+
+@dataclasses.dataclass
+class Blob:
+    nbytes: int = 100
+
+
+class Recording:
+    """Wraps a policy and records the position of every victim, in order."""
+
+    def __init__(self, policy):
+        self.policy, self.name, self.victims = policy, policy.name, []
+
+    def choose_victim(self, snapshots, now):
+        victim = self.policy.choose_victim(snapshots, now)
+        self.victims.append(victim.position)
+        return victim
+
+
+TOKENS = list(range(64))
+
+
+def save(store, pos, flops, nbytes=100):
+    return store.save(TOKENS, pos, Blob(nbytes), hash_full_blocks(TOKENS, store.block_size), flops_saved=flops)
+
+
+def restore(store, pos):
+    snap = store.lookup(TOKENS, pos, hash_full_blocks(TOKENS, store.block_size))
+    assert snap.position == pos
+    store.mark_restored(snap)
+
+
+# ---------------------------------------------------------------- victim order
+def test_flop_aware_keeps_the_old_deep_snapshot_that_lru_drops():
+    runs = {}
+    for policy in (LRUEviction(), FlopAwareEviction(alpha=1.0)):
+        rec = Recording(policy)
+        store = SnapshotStore(block_size=4, byte_budget=300, eviction=rec)
+        for pos in (12, 4, 8, 16, 20):  # flops = position, equal bytes: efficiency ~ depth
+            assert save(store, pos, float(pos))
+        runs[policy.name] = (rec.victims, store.positions())
+    # LRU: the oldest first. FLOP-aware at the first eviction: recency 12:0 4:.5 8:1, efficiency
+    # 12:1 4:0 8:.5 -> utility 1, .5, 1.5 -> 4. Then {12, 8, 16}: recency 0, 2/3, 1, efficiency
+    # .5, 0, 1 -> .5, .67, 2 -> 12.
+    assert runs["lru"] == ([12, 4], [8, 16, 20])
+    assert runs["flop_aware"] == ([4, 12], [8, 16, 20])
+
+
+def test_a_restore_refreshes_recency():
+    rec = Recording(FlopAwareEviction(alpha=1.0))
+    store = SnapshotStore(block_size=4, byte_budget=300, eviction=rec)
+    for pos in (4, 8, 12):
+        save(store, pos, float(pos))
+    restore(store, 4)  # 4 becomes the newest: recency 8:0 12:.5 4:1, efficiency 8:.5 12:1 4:0
+    save(store, 16, 16.0)  # utilities 8: .5, 12: 1.5, 4: 1.0 -> 8
+    assert rec.victims == [8]
+    assert store.positions() == [4, 12, 16]
+
+
+def test_utility_tie_goes_to_the_least_recently_used():
+    rec = Recording(FlopAwareEviction(alpha=1.0))
+    store = SnapshotStore(block_size=4, byte_budget=200, eviction=rec)
+    save(store, 8, 8.0)  # oldest, most FLOPs: 0 + 1 = 1
+    save(store, 4, 4.0)  # newest, fewest FLOPs: 1 + 0 = 1
+    save(store, 12, 12.0)
+    assert rec.victims == [8]
+
+
+def test_efficiency_is_per_byte_not_per_snapshot():
+    rec = Recording(FlopAwareEviction(alpha=100.0))  # efficiency dominates recency
+    store = SnapshotStore(block_size=4, byte_budget=450, eviction=rec)
+    save(store, 4, 100.0, nbytes=100)  # 1.0 FLOP/byte
+    save(store, 8, 150.0, nbytes=300)  # more FLOPs, 0.5 FLOP/byte
+    save(store, 12, 120.0, nbytes=100)  # 1.2 FLOP/byte, needs 100 more bytes: evict one
+    assert rec.victims == [8]
+    assert store.positions() == [4, 12] and store.bytes_held == 200
+
+
+def test_constant_efficiency_falls_back_to_lru():
+    rec = Recording(FlopAwareEviction(alpha=5.0))
+    store = SnapshotStore(block_size=4, byte_budget=200, eviction=rec)
+    for pos in (4, 8, 12, 16):
+        save(store, pos, 7.0)  # same FLOPs and bytes: efficiency is 0 for all, recency decides
+    assert rec.victims == [4, 8]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_alpha_zero_is_exactly_lru(seed):
+    rnd = random.Random(seed)
+    ops = [("save", rnd.randrange(1, 64), rnd.random() * 1e9) if rnd.random() < 0.7 else ("restore",)
+           for _ in range(200)]
+
+    def run(policy):
+        rec = Recording(policy)
+        store = SnapshotStore(block_size=4, byte_budget=500, eviction=rec)
+        for op in ops:
+            if op[0] == "save":
+                save(store, op[1], op[2])
+            elif len(store):
+                restore(store, store.positions()[len(rec.victims) % len(store)])
+        return rec.victims
+
+    lru = run(LRUEviction())
+    assert len(lru) > 20
+    assert run(FlopAwareEviction(alpha=0.0)) == lru
+    assert run(FlopAwareEviction(alpha=1.0)) != lru
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="alpha"):
+        FlopAwareEviction(alpha=-1.0)
+    with pytest.raises(ValueError, match="nothing to evict"):
+        FlopAwareEviction().choose_victim([], 0)
+    with pytest.raises(ValueError, match="position"):
+        prefill_flops(-1, 1, 1, 1)
+
+
+# ---------------------------------------------------------------- the FLOP model
+def test_prefill_flops_formula():
+    # (2*10 + 5) * 3 linear + 2 layers * (QK^T + PV: 2 * 2 * width 4 * (1 + 2 + 3) keys)
+    assert prefill_flops(3, linear_params=10, attention_layers=2, attention_width=4, ssm_flops_per_token=5) == 75 + 192
+    assert prefill_flops(0, 10, 2, 4, 5) == 0.0
+    width, p = 8, 37
+    explicit = sum(2 * 2 * width * (t + 1) for t in range(p))  # token t attends to t + 1 keys
+    assert prefill_flops(p, 0, 1, width) == explicit
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "bamba-9b"])
+def test_linear_params_match_the_model(preset):
+    with torch.device("meta"):  # shapes only: no memory, no init
+        model = HybridLM(PRESETS[preset])
+    matrices = sum(p.numel() for name, p in model.named_parameters()
+                   if p.dim() >= 2 and not name.startswith(("embed_tokens", "lm_head")))
+    flops = PrefillFlops.from_config(PRESETS[preset])
+    assert flops.linear_params == matrices
+    assert flops.attention_layers == len(PRESETS[preset].attn_layer_indices)
+
+
+def test_small_preset_numbers_quoted_in_the_docstring():
+    f = PrefillFlops.from_config(PRESETS["small"])
+    assert (f.linear_params, f.ssm_flops_per_token, f.attention_width) == (6_022_144, 2_129_920, 256)
+    assert f"{f(1024):.2e}" == "1.51e+10" and f"{f(4096):.2e}" == "6.66e+10" and f"{f(32752):.2e}" == "1.01e+12"
+    assert round(f(16368) / f(1024)) == 25
+
+
+def test_engine_stamps_flops_saved_on_every_snapshot():
+    cfg = SchedulerConfig(block_size=4, prefill_budget=8, num_kv_blocks=64, policy="aligned", snapshot_interval_blocks=1)
+    flops = PrefillFlops(linear_params=10, attention_layers=1, attention_width=2, ssm_flops_per_token=0.0)
+    engine = Engine(PlaceholderRunner(1, 64, 4), EngineConfig(cfg), eviction=FlopAwareEviction(), snapshot_flops=flops)
+    req = engine.add_request(list(range(30)))
+    engine.run_until_done()
+    snaps = sorted(engine.snapshots._lru.values(), key=lambda s: s.position)
+    assert [s.position for s in snaps] == req.metrics.snapshot_positions == [8, 16, 24]  # 24: the tail split point
+    assert [s.flops_saved for s in snaps] == [flops(p) for p in (8, 16, 24)] == [2 * 10 * p + 2 * 2 * p * (p + 1) for p in (8, 16, 24)]
+    assert engine.snapshots.eviction.name == "flop_aware"

@@ -1,0 +1,149 @@
+"""Multi-turn study: the workload generator, and the study end to end on the "tiny" model."""
+
+import csv
+import dataclasses
+import json
+
+from experiments import multiturn
+from experiments.multiturn import Conversation, Step, WorkloadConfig, make_workload
+
+
+def test_workload_is_seeded_and_within_its_distributions():
+    cfg = WorkloadConfig(sessions=10, seed=3)
+    system, sessions, order = make_workload(cfg, vocab_size=1000)
+    again = make_workload(cfg, vocab_size=1000)
+    assert (system, sessions, order) == again
+    assert make_workload(dataclasses.replace(cfg, seed=4), 1000)[0] != system
+    assert 1024 <= len(system) <= 2048
+    assert sum(s.parent is not None for s in sessions) == 3  # round(0.3 * 10)
+    for s in sessions:
+        assert 3 <= len(s.turns) <= 6
+        assert all(16 <= len(t.user) <= 1024 and 16 <= t.max_new_tokens <= 48 for t in s.turns)
+        if s.parent is not None:
+            parent = sessions[s.parent]
+            assert parent.parent is None and s.parent < s.sid and 1 <= s.branch_after < len(parent.turns)
+
+
+def test_schedule_respects_session_order_branches_and_regenerations():
+    cfg = WorkloadConfig(sessions=12, seed=1, regenerate_fraction=0.3)
+    _, sessions, order = make_workload(cfg, 1000)
+    seen = {}
+    for i, st in enumerate(order):
+        if st.copy:  # a regeneration comes right after its first sending
+            assert order[i - 1] == Step(st.sid, st.turn, 0)
+            continue
+        assert seen.get(st.sid, -1) == st.turn - 1  # turns in order
+        s = sessions[st.sid]
+        if st.turn == 0 and s.parent is not None:
+            assert seen.get(s.parent, -1) >= s.branch_after - 1  # after the parent's branch turn
+        seen[st.sid] = st.turn
+    assert sum(st.copy for st in order) > 0
+    assert sum(1 for st in order if not st.copy) == sum(len(s.turns) for s in sessions)
+
+
+def test_prompts_chain_turns_and_branches():
+    cfg = WorkloadConfig(sessions=6, seed=2, branch_fraction=0.5)
+    system, sessions, _ = make_workload(cfg, 1000)
+    conv = Conversation(system, sessions)
+    for s in sessions:
+        for t in range(len(s.turns)):
+            conv.replies[(s.sid, t)] = [7] * s.turns[t].max_new_tokens  # stand-in replies of the right length
+    for s in sessions:
+        for t in range(len(s.turns)):
+            p = conv.prompt(Step(s.sid, t))
+            assert len(p) == conv.prompt_len(s.sid, t)
+            if t:
+                prev = conv.prompt(Step(s.sid, t - 1))
+                assert p == prev + conv.replies[(s.sid, t - 1)] + s.turns[t].user
+            elif s.parent is None:
+                assert p == system + s.turns[0].user
+            else:
+                k = s.branch_after - 1
+                assert p == conv.prompt(Step(s.parent, k)) + conv.replies[(s.parent, k)] + s.turns[0].user
+    assert conv.prompt(Step(0, 0))[: len(system)] == system
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_study_end_to_end_on_the_tiny_model(tmp_path):
+    out = tmp_path / "mt"
+    assert multiturn.main(["--preset", "tiny", "--quick", "--threads", "1", "--block-size", "4",
+                           "--prefill-budget", "32", "--interval", "4", "--snapshot-budget", "2",
+                           "--out", str(out)]) == 0
+    for f in ("summary.csv", "requests.csv", "multiturn.json", "multiturn.png"):
+        assert (out / f).is_file(), f
+    summary = {r["config"]: r for r in read(out / "summary.csv")}
+    assert list(summary) == [c.name for c in multiturn.CONFIGS]
+    requests = read(out / "requests.csv")
+    meta = json.loads((out / "multiturn.json").read_text())
+    n = meta["n_requests"]
+    assert all(int(r["requests"]) == n for r in summary.values())
+    # The cache never changes an output: per request, the same tokens in every configuration.
+    outputs = {}
+    for r in requests:
+        outputs.setdefault(r["request"], set()).add(r["output_sha"])
+    assert len(outputs) == n and all(len(v) == 1 for v in outputs.values())
+    off = summary["off"]
+    assert float(off["token_hit_rate"]) == 0 and int(off["replayed_tokens"]) == int(off["prompt_tokens"])
+    assert int(off["snapshots_saved"]) == 0  # a zero budget: nothing is kept when nothing can be restored
+    budget = meta["snapshot_budget_bytes"]
+    assert budget == 2 * meta["snapshot_nbytes"]
+    for name, r in summary.items():
+        if name == "off":
+            continue
+        assert 0 < float(r["token_hit_rate"]) < 1 and float(r["ssm_restore_depth"]) <= float(r["token_hit_rate"])
+        assert int(r["replayed_tokens"]) < int(off["replayed_tokens"])
+        if "budget" in name:
+            assert int(r["snapshots_evicted"]) > 0 and int(r["snapshot_bytes_held_peak"]) <= budget
+        else:
+            assert int(r["snapshots_evicted"]) == 0 and r["eviction"] == "none needed"
+        kinds = sum(int(r[f"replayed_{k}"]) for k in multiturn.KINDS)
+        assert kinds == int(r["replayed_tokens"])
+    # Restore never goes past the KV match, per request.
+    assert all(int(r["restore_at"]) <= int(r["kv_match_tokens"]) for r in requests)
+    # The placeholder runner reproduces every planner figure (other tokens, same lengths and ticks).
+    ph = tmp_path / "ph"
+    assert multiturn.main(["--runner", "placeholder", "--preset", "tiny", "--quick", "--block-size", "4",
+                           "--prefill-budget", "32", "--interval", "4", "--snapshot-budget", "2", "--out", str(ph)]) == 0
+    keys = ("token_hit_rate", "ssm_restore_depth", "replayed_tokens", "snapshots_saved", "snapshots_evicted",
+            "snapshots_restored")
+    assert [[r[k] for k in keys] for r in read(ph / "summary.csv")] == [[r[k] for k in keys] for r in summary.values()]
+
+
+def test_a_changed_output_fails_the_study_and_writes_nothing(tmp_path, monkeypatch):
+    real = multiturn.replay
+    calls = []
+
+    def corrupting(engine, *a, **k):
+        rows, peak = real(engine, *a, **k)
+        calls.append(1)
+        if len(calls) == 2:  # the second configuration "generates" another token once
+            rows[0]["output_token_ids"] = rows[0]["output_token_ids"] + [0]
+        return rows, peak
+
+    monkeypatch.setattr(multiturn, "replay", corrupting)
+    out = tmp_path / "bad"
+    assert multiturn.main(["--runner", "placeholder", "--quick", "--configs", "legacy", "--out", str(out)]) == 1
+    assert len(calls) == 2 and not (out / "summary.csv").exists()
+
+
+def test_shards_run_disjoint_configurations_and_merge_checks_them_together(tmp_path):
+    out = tmp_path / "sh"
+    args = ["--runner", "placeholder", "--quick", "--out", str(out)]
+    assert multiturn.main([*args, "--shard", "0/2"]) == 0
+    assert not (out / "summary.csv").exists()
+    assert multiturn.main([*args, "--shard", "1/2"]) == 0
+    assert multiturn.main([*args, "--merge"]) == 0
+    summary = read(out / "summary.csv")
+    assert [r["config"] for r in summary] == [c.name for c in multiturn.CONFIGS]
+    parts = [json.loads(p.read_text()) for p in sorted((out / "parts").iterdir())]
+    assert [[r["config"] for r in p["rows"]] for p in parts] == [
+        ["off", "aligned", "legacy+budget+flop", "aligned+budget+flop"], ["legacy", "legacy+budget+lru", "aligned+budget+lru"]]
+    # The same workload and planner give the same planner figures as one unsharded run.
+    whole = tmp_path / "whole"
+    assert multiturn.main(["--runner", "placeholder", "--quick", "--out", str(whole)]) == 0
+    keys = ("token_hit_rate", "ssm_restore_depth", "replayed_tokens", "snapshots_saved", "snapshots_evicted")
+    assert [[r[k] for k in keys] for r in summary] == [[r[k] for k in keys] for r in read(whole / "summary.csv")]
