@@ -31,7 +31,10 @@ and the token hit rate is the same for all cached configurations: SSM snapshots 
 * `off`: prefix caching off (the reference: every prompt computed from token 0);
 * `legacy` / `aligned` with unbounded snapshot memory (no eviction, so LRU vs FLOP-aware is moot);
 * `legacy` / `aligned` x `lru` / `flop_aware` with a snapshot byte budget of `--snapshot-budget`
-  snapshots (6 x 1.36 MB for "small"), which forces evictions.
+  snapshots (6 x 1.36 MB for "small"), which forces evictions;
+* `aligned+decode` (unbounded) and `aligned+decode+budget+lru`: the engine also keeps the state at
+  the last block boundary of each reply (`EngineConfig.decode_snapshots`), where the next turn's
+  block-floored match lands, so a next turn replays its new message, not the previous reply.
 
 Per configuration: token hit rate (KV-matched prompt tokens / prompt tokens), SSM restore depth
 (restore position / prompt tokens, summed), replayed prompt tokens, TTFT median and p90,
@@ -190,6 +193,7 @@ class RunConfig:
     caching: bool = True
     snapshot_budget: bool = False  # bounded by --snapshot-budget snapshots
     eviction: str = "lru"  # "lru" or "flop_aware" (only matters when bounded)
+    decode_snapshots: bool = False  # also keep the state at the last block boundary of each reply
 
 
 CONFIGS = (
@@ -200,6 +204,8 @@ CONFIGS = (
     RunConfig("legacy+budget+flop", "legacy", snapshot_budget=True, eviction="flop_aware"),
     RunConfig("aligned+budget+lru", "aligned", snapshot_budget=True, eviction="lru"),
     RunConfig("aligned+budget+flop", "aligned", snapshot_budget=True, eviction="flop_aware"),
+    RunConfig("aligned+decode", "aligned", decode_snapshots=True),
+    RunConfig("aligned+decode+budget+lru", "aligned", snapshot_budget=True, eviction="lru", decode_snapshots=True),
 )
 
 
@@ -566,9 +572,13 @@ def main(argv=None) -> int:
         # caching off: a zero budget rejects every save (the snapshots could never be used)
         budget = 0 if not cfg.caching else (budget_bytes if cfg.snapshot_budget else None)
         if model is not None:
-            return make_engine(model, sched, "in_pass", budget, eviction, flops, keep_prompt_logits=False)
-        runner = PlaceholderRunner(sched.max_batch_size, num_blocks, args.block_size, vocab_size=vocab)
-        return Engine(runner, EngineConfig(sched, snapshot_byte_budget=budget), eviction=eviction, snapshot_flops=flops)
+            engine = make_engine(model, sched, "in_pass", budget, eviction, flops, keep_prompt_logits=False)
+        else:
+            runner = PlaceholderRunner(sched.max_batch_size, num_blocks, args.block_size, vocab_size=vocab)
+            engine = Engine(runner, EngineConfig(sched, snapshot_byte_budget=budget), eviction=eviction,
+                            snapshot_flops=flops)
+        engine.config.decode_snapshots = cfg.decode_snapshots
+        return engine
 
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if k not in ("out", "shard", "merge", "plot_only", "configs", "quick")} | {

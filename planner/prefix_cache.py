@@ -89,9 +89,6 @@ class PrefixCache:
         lease.blocks.extend(fresh)
         return True
 
-    def blocks_needed(self, lease: KVLease, num_tokens: int) -> int:
-        return max(0, -(-num_tokens // self.block_size) - len(lease.blocks))
-
     def publish(self, lease: KVLease, block_hashes: Sequence[BlockHash]) -> None:
         """Publish every full block whose positions are all computed (prompt and decode alike)."""
         if not self.enabled:

@@ -125,3 +125,20 @@ def test_prefix_caching_never_changes_tokens(models, seed):
             assert sum(r.metrics.kv_match_tokens for r in reqs) > 0  # the cache was actually used
     assert runs[(True, "aligned")] == runs[(False, "aligned")] == runs[(True, "legacy")]
     assert preemptions > 0  # the tight pool exercised preemption
+
+
+def test_decode_snapshot_restore_equals_a_cold_next_turn(models):
+    """Turn 2 restores the state saved inside turn 1's reply; its logits equal a cold run's."""
+    logits, replayed = {}, {}
+    for caching in (False, True):
+        eng = make_engine(models["torch"], block_size=4, prefill_budget=64, num_kv_blocks=64,
+                          enable_prefix_caching=caching)
+        eng.config.decode_snapshots = True
+        t1 = eng.add_request(prompt(30, 5), 10, "t1")
+        eng.run_until_done()
+        t2 = eng.add_request(t1.all_token_ids + prompt(5, 6), 4, "t2")
+        eng.run_until_done()
+        logits[caching], replayed[caching] = (eng.prompt_logits["t2"], t2.output_token_ids), t2.metrics.replayed_tokens
+    assert replayed == {False: 45, True: 9}  # restored at 36, the last block boundary of turn 1's KV
+    assert max_abs(logits[True][0], logits[False][0]) <= LOGIT_TOL
+    assert logits[True][1] == logits[False][1]

@@ -216,3 +216,17 @@ def test_a_budget_sliver_does_not_admit_a_request_before_its_shared_prefix_is_pu
     eng.add_request([7], 1, "c")
     out = eng.scheduler.schedule()
     assert [(r.request.request_id, r.num_tokens) for r in out.rows] == [("a", 12), ("c", 1)]
+
+
+@pytest.mark.parametrize("decode_snapshots,restore", [(False, 24), (True, 36)])
+def test_decode_snapshot_lets_the_next_turn_skip_the_previous_reply(decode_snapshots, restore):
+    cfg = SchedulerConfig(block_size=4, prefill_budget=64, max_batch_size=1, num_kv_blocks=64, policy="aligned")
+    eng = Engine(PlaceholderRunner(1, 64, 4), EngineConfig(cfg, decode_snapshots=decode_snapshots))
+    turn1 = eng.add_request(prompt(30, 1), max_new_tokens=10)
+    eng.run_until_done()
+    # 30 prompt tokens + 9 decoded = 39 computed: 9 full blocks; the last block boundary is 36.
+    assert turn1.metrics.snapshot_positions == ([24, 36] if decode_snapshots else [24])
+    turn2 = eng.add_request(turn1.all_token_ids + prompt(5, 2), max_new_tokens=1)
+    eng.run_until_done()
+    assert turn2.metrics.kv_match_tokens == 36
+    assert (turn2.metrics.restore_at, turn2.metrics.replayed_tokens) == (restore, 45 - restore)
