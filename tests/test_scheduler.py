@@ -9,7 +9,7 @@ from model.placeholder_runner import PlaceholderRunner
 from planner.prefill_state import PrefillState
 from planner.prefix_cache import KVLease
 from planner.request import Request
-from planner.scheduler import Scheduler, SchedulerConfig
+from planner.scheduler import SchedulerConfig
 
 
 def make_engine(capture_mode="in_pass", **sched):
@@ -66,8 +66,8 @@ def test_budget_first_chunk_gets_the_slot_token_and_later_chunks_do_not():
 
 def test_prefill_chunks_share_the_budget_fifo_and_decodes_reserve_one_token_each():
     eng = make_engine(block_size=4, prefill_budget=10, max_batch_size=3, num_kv_blocks=64, policy="legacy")
-    a = eng.add_request(prompt(5, 1), max_new_tokens=4, request_id="a")
-    b = eng.add_request(prompt(30, 2), max_new_tokens=2, request_id="b")
+    eng.add_request(prompt(5, 1), max_new_tokens=4, request_id="a")
+    eng.add_request(prompt(30, 2), max_new_tokens=2, request_id="b")
     out = eng.scheduler.schedule()  # tick 1: 13 tokens, nobody holds a slot yet
     assert [(r.request.request_id, r.num_tokens) for r in out.rows] == [("a", 5), ("b", 8)]
     eng.scheduler.update(out, {"a": 7, "b": None})

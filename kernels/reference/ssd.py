@@ -113,18 +113,25 @@ def check_dt_limit(dt_limit) -> tuple[float, float]:
     return lo, hi
 
 
-def check_ssd_scan_args(x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets):
-    """All checks of `ssd_scan`; returns (seqlens, offsets, (lo, hi))."""
+def _check_mixer_inputs(x, dt, A, B, C):
+    """x (L, H, P), dt (L, H), A (H,), B/C (L, G, N) with G dividing H; returns L, H, P, G, N."""
     _check_tensor("x", x, (None, None, None))
-    T, H, P = x.shape
+    L, H, P = x.shape
     dev = x.device
-    _check_tensor("dt", dt, (T, H), device=dev)
+    _check_tensor("dt", dt, (L, H), device=dev)
     _check_tensor("A", A, (H,), device=dev)
-    _check_tensor("B", B, (T, None, None), (x.dtype,), dev)
+    _check_tensor("B", B, (L, None, None), (x.dtype,), dev)
     G, N = B.shape[1], B.shape[2]
-    _check_tensor("C", C, (T, G, N), (x.dtype,), dev)
+    _check_tensor("C", C, (L, G, N), (x.dtype,), dev)
     if G < 1 or H % G != 0:
         _fail("B", f"group count G={G} must divide the head count H={H}")
+    return L, H, P, G, N
+
+
+def check_ssd_scan_args(x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets):
+    """All checks of `ssd_scan`; returns (seqlens, offsets, (lo, hi))."""
+    T, H, P, G, N = _check_mixer_inputs(x, dt, A, B, C)
+    dev = x.device
     if D is not None:
         _check_tensor("D", D, (H,), device=dev)
     if dt_bias is not None:
@@ -375,16 +382,8 @@ def check_slot_idx(slot_idx, num_slots: int, count: int) -> None:
 
 
 def check_ssd_decode_args(x, dt, A, B, C, state_pool, slot_idx, D, dt_bias, dt_limit, slots_checked=True):
-    _check_tensor("x", x, (None, None, None))
-    S, H, P = x.shape
+    S, H, P, G, N = _check_mixer_inputs(x, dt, A, B, C)
     dev = x.device
-    _check_tensor("dt", dt, (S, H), device=dev)
-    _check_tensor("A", A, (H,), device=dev)
-    _check_tensor("B", B, (S, None, None), (x.dtype,), dev)
-    G, N = B.shape[1], B.shape[2]
-    _check_tensor("C", C, (S, G, N), (x.dtype,), dev)
-    if G < 1 or H % G != 0:
-        _fail("B", f"group count G={G} must divide the head count H={H}")
     _check_tensor("state_pool", state_pool, (None, H, P, N), (torch.float32,), dev)
     _check_tensor("slot_idx", slot_idx, (S,), (torch.int32, torch.int64), dev)
     if D is not None:
