@@ -33,15 +33,21 @@ def check_activation(activation) -> None:
         _fail("activation", f"must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-def check_conv1d_args(x, weight, bias, cu_seqlens, initial_states, capture_offsets, activation):
-    """All checks of `causal_conv1d`; returns (seqlens, offsets)."""
+def _check_conv_inputs(x, weight):
+    """x (L, D) and weight (D, W) with W >= 2; returns L, D, W."""
     _check_tensor("x", x, (None, None))
-    T, D = x.shape
-    dev = x.device
-    _check_tensor("weight", weight, (D, None), device=dev)
+    L, D = x.shape
+    _check_tensor("weight", weight, (D, None), device=x.device)
     W = weight.shape[1]
     if W < 2:
-        _fail("weight", f"width W={weight.shape[1]} must be >= 2")
+        _fail("weight", f"width W={W} must be >= 2")
+    return L, D, W
+
+
+def check_conv1d_args(x, weight, bias, cu_seqlens, initial_states, capture_offsets, activation):
+    """All checks of `causal_conv1d`; returns (seqlens, offsets)."""
+    T, D, W = _check_conv_inputs(x, weight)
+    dev = x.device
     if bias is not None:
         _check_tensor("bias", bias, (D,), device=dev)
     check_activation(activation)
@@ -85,13 +91,8 @@ def causal_conv1d_ref(
 
 
 def check_conv1d_decode_args(x, conv_state_pool, weight, bias, slot_idx, activation, slots_checked=True):
-    _check_tensor("x", x, (None, None))
-    S, D = x.shape
+    S, D, W = _check_conv_inputs(x, weight)
     dev = x.device
-    _check_tensor("weight", weight, (D, None), device=dev)
-    W = weight.shape[1]
-    if W < 2:
-        _fail("weight", f"width W={W} must be >= 2")
     _check_tensor("conv_state_pool", conv_state_pool, (None, D, W - 1), (x.dtype,), dev)
     if bias is not None:
         _check_tensor("bias", bias, (D,), device=dev)
