@@ -55,3 +55,25 @@ def slice_seq(inputs: dict, keys, lens, s: int, lo: int, hi: int) -> dict:
     init = inputs.get("initial_states")
     out["initial_states"] = init[s:s + 1] if init is not None else None
     return out
+
+
+def check_conv_capture_and_resume(conv, inp: dict, lens, offsets):
+    """A conv state captured at o is the final state over [0, o), and resuming from it gives the
+    rest of the sequence's outputs and the same final state (`conv`: kernel or reference).
+    Returns the capturing run's output."""
+    from kernels.testing import assert_close
+
+    out = conv(**inp, capture_offsets=offsets)
+    k = 0
+    for s, offs in enumerate(offsets):
+        start = sum(lens[:s])
+        for o in offs:
+            prefix = conv(**slice_seq(inp, ("x",), lens, s, 0, o))
+            assert torch.equal(out.captured_states[k], prefix.final_states[0]), f"seq {s} capture {o}"
+            rest = slice_seq(inp, ("x",), lens, s, o, lens[s])
+            rest["initial_states"] = out.captured_states[k:k + 1]
+            resumed = conv(**rest)
+            assert_close(resumed.y, out.y[start + o:start + lens[s]], torch.float32, f"seq {s} resumed at {o}")
+            assert torch.equal(resumed.final_states[0], out.final_states[s])
+            k += 1
+    return out

@@ -11,7 +11,7 @@ import kernels.causal_conv1d as conv_mod
 from kernels.causal_conv1d import causal_conv1d
 from kernels.reference.conv1d import causal_conv1d_ref
 from kernels.testing import assert_close, nan_filled
-from ssm_inputs import make_conv_inputs, slice_seq
+from ssm_inputs import check_conv_capture_and_resume, make_conv_inputs
 
 from conftest import DEVICE
 
@@ -61,19 +61,7 @@ def test_conv_resume_from_capture():
     lens = [50, 30]
     offsets = [[1, 33], [29]]
     inp = make_conv_inputs(lens, 64, seed=5, device=DEVICE)
-    out = causal_conv1d(**inp, capture_offsets=offsets)
-    k = 0
-    for s, offs in enumerate(offsets):
-        start = sum(lens[:s])
-        for o in offs:
-            prefix = causal_conv1d(**slice_seq(inp, ("x",), lens, s, 0, o))
-            assert torch.equal(out.captured_states[k], prefix.final_states[0]), f"seq {s} capture {o}"
-            rest = slice_seq(inp, ("x",), lens, s, o, lens[s])
-            rest["initial_states"] = out.captured_states[k:k + 1]
-            resumed = causal_conv1d(**rest)
-            assert_close(resumed.y, out.y[start + o:start + lens[s]], torch.float32, f"seq {s} resumed at {o}")
-            assert torch.equal(resumed.final_states[0], out.final_states[s])
-            k += 1
+    check_conv_capture_and_resume(causal_conv1d, inp, lens, offsets)
 
 
 def test_conv_token_offsets_past_int32():

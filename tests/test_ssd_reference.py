@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kernels.reference.conv1d import causal_conv1d_decode_step_ref, causal_conv1d_ref
 from kernels.reference.ssd import build_chunk_table, ssd_decode_step_ref, ssd_scan_chunked, ssd_scan_sequential
 from kernels.testing import assert_close
-from ssm_inputs import make_conv_inputs, make_ssd_inputs, slice_seq
+from ssm_inputs import check_conv_capture_and_resume, make_conv_inputs, make_ssd_inputs, slice_seq
 
 F32 = torch.float32
 SSD_SEQ_KEYS = ("x", "dt", "B", "C")
@@ -151,18 +151,7 @@ def test_conv_ref_capture_and_resume(W):
     lens = [2, 17, 9]
     offsets = [[1], [1, 2, 3, 16], [8]]
     inp = make_conv_inputs(lens, D=5, W=W, seed=W)
-    out = causal_conv1d_ref(**inp, capture_offsets=offsets)
-    k = 0
-    for s, offs in enumerate(offsets):
-        start = sum(lens[:s])
-        for o in offs:
-            prefix = causal_conv1d_ref(**slice_seq(inp, ("x",), lens, s, 0, o))
-            assert torch.equal(out.captured_states[k], prefix.final_states[0]), f"seq {s} capture {o}"
-            rest = slice_seq(inp, ("x",), lens, s, o, lens[s])
-            rest["initial_states"] = out.captured_states[k:k + 1]
-            resumed = causal_conv1d_ref(**rest)
-            assert_close(resumed.y, out.y[start + o:start + lens[s]], F32, f"seq {s} resume {o}")
-            k += 1
+    out = check_conv_capture_and_resume(causal_conv1d_ref, inp, lens, offsets)
     # a 2-token sequence with W-1 = 3 keeps one initial-state column: zeros never leak in
     if W == 4:
         assert torch.equal(out.final_states[0][:, 0], inp["initial_states"][0][:, 2])
