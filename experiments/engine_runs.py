@@ -55,10 +55,11 @@ def random_prompt(n: int, vocab_size: int, seed: int) -> list[int]:
 
 def make_engine(model: HybridLM, sched: SchedulerConfig, capture_mode: str = "in_pass",
                 snapshot_byte_budget: int | None = None, eviction: EvictionPolicy | None = None,
-                snapshot_flops: Callable[[int], float] | None = None, keep_prompt_logits: bool = True) -> Engine:
+                snapshot_flops: Callable[[int], float] | None = None, keep_prompt_logits: bool = True,
+                decode_snapshots: bool = False) -> Engine:
     runner = ModelRunner(model, sched.num_kv_blocks, sched.block_size, sched.max_batch_size)
     config = EngineConfig(sched, capture_mode=capture_mode, snapshot_byte_budget=snapshot_byte_budget,
-                          keep_prompt_logits=keep_prompt_logits)
+                          keep_prompt_logits=keep_prompt_logits, decode_snapshots=decode_snapshots)
     return Engine(runner, config, eviction=eviction, snapshot_flops=snapshot_flops)
 
 

@@ -572,13 +572,11 @@ def main(argv=None) -> int:
         # caching off: a zero budget rejects every save (the snapshots could never be used)
         budget = 0 if not cfg.caching else (budget_bytes if cfg.snapshot_budget else None)
         if model is not None:
-            engine = make_engine(model, sched, "in_pass", budget, eviction, flops, keep_prompt_logits=False)
-        else:
-            runner = PlaceholderRunner(sched.max_batch_size, num_blocks, args.block_size, vocab_size=vocab)
-            engine = Engine(runner, EngineConfig(sched, snapshot_byte_budget=budget), eviction=eviction,
-                            snapshot_flops=flops)
-        engine.config.decode_snapshots = cfg.decode_snapshots
-        return engine
+            return make_engine(model, sched, "in_pass", budget, eviction, flops, keep_prompt_logits=False,
+                               decode_snapshots=cfg.decode_snapshots)
+        runner = PlaceholderRunner(sched.max_batch_size, num_blocks, args.block_size, vocab_size=vocab)
+        return Engine(runner, EngineConfig(sched, snapshot_byte_budget=budget, decode_snapshots=cfg.decode_snapshots),
+                      eviction=eviction, snapshot_flops=flops)
 
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if k not in ("out", "shard", "merge", "plot_only", "configs", "quick")} | {

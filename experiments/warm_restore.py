@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -30,10 +29,11 @@ from pathlib import Path
 
 import torch
 
+from experiments.engine_runs import (build_model, kv_blocks_for, log, make_engine, max_abs_diff, random_prompt,
+                                     set_threads)
 from experiments.results_io import RESULTS, environment, save_figure, write_json, write_text
-from model.engine import Engine, EngineConfig, RunRow
+from model.engine import Engine, RunRow
 from model.hybrid import HybridLM
-from model.loading import from_preset
 from model.runner import ModelRunner
 from planner.scheduler import SchedulerConfig
 
@@ -45,16 +45,12 @@ POLICIES = ("legacy", "aligned")
 CURVE_POINTS = (1, 4, 20, 64, 256, 1024, 4096, 8195)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def make_engine(model: HybridLM, policy: str, args) -> Engine:
+def policy_engine(model: HybridLM, policy: str, args) -> Engine:
+    """The seed's dense serve: one slot, the prompt's blocks plus slack, in-pass captures."""
     cfg = SchedulerConfig(block_size=args.block_size, prefill_budget=args.budget, max_batch_size=1,
-                          num_kv_blocks=-(-args.prompt_len // args.block_size) + 16, policy=policy,
+                          num_kv_blocks=kv_blocks_for([args.prompt_len], args.block_size), policy=policy,
                           snapshot_interval_blocks=args.interval)
-    runner = ModelRunner(model, cfg.num_kv_blocks, cfg.block_size, cfg.max_batch_size)
-    return Engine(runner, EngineConfig(cfg, capture_mode="in_pass", keep_prompt_logits=True))
+    return make_engine(model, cfg, capture_mode="in_pass", keep_prompt_logits=True)
 
 
 def serve(engine: Engine, prompt: list[int], request_id: str, label: str):
@@ -69,13 +65,13 @@ def serve(engine: Engine, prompt: list[int], request_id: str, label: str):
 
 
 def run_policy(model: HybridLM, policy: str, prompt: list[int], args) -> dict:
-    engine = make_engine(model, policy, args)
+    engine = policy_engine(model, policy, args)
     cold = serve(engine, prompt, "cold", f"{policy} cold")
     warm_ttfts, diffs, warm = [], [], None
     for i in range(args.repeats):
         warm = serve(engine, prompt, f"warm{i}", f"{policy} warm {i + 1}/{args.repeats}")
         warm_ttfts.append(warm.metrics.ttft_s)
-        diffs.append(float((engine.prompt_logits[warm.request_id] - engine.prompt_logits["cold"]).abs().max()))
+        diffs.append(max_abs_diff(engine.prompt_logits[warm.request_id], engine.prompt_logits["cold"]))
     return {
         "chunk_ends": cold.metrics.chunk_ends,
         "snapshot_positions": cold.metrics.snapshot_positions,
@@ -276,14 +272,11 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         ap.error("--repeats: must be >= 1")
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_threads(args.threads)
 
     torch.manual_seed(args.seed)
-    dtype = getattr(torch, args.dtype)
-    log(f"building preset {args.preset!r} on {args.device} ({args.backend} backend, {args.dtype})")
-    model = from_preset(args.preset, backend=args.backend, seed=args.seed, dtype=dtype, device=args.device)
-    rnd = random.Random(args.seed)
-    prompt = [rnd.randrange(model.config.vocab_size) for _ in range(args.prompt_len)]
+    model = build_model(args.preset, args.device, args.seed, args.dtype, args.backend)
+    prompt = random_prompt(args.prompt_len, model.config.vocab_size, args.seed)
 
     result = {"config": vars(args) | {"out": str(args.out)}, "environment": environment(args.device),
               "model": {"params_m": sum(p.numel() for p in model.parameters()) / 1e6,

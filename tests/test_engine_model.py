@@ -24,10 +24,11 @@ def models():
     return {backend: from_preset("tiny", backend=backend, seed=0) for backend in ("torch", "triton")}
 
 
-def make_engine(model, capture_mode="in_pass", **sched):
+def make_engine(model, capture_mode="in_pass", decode_snapshots=False, **sched):
     cfg = SchedulerConfig(**sched)
     return Engine(ModelRunner(model, cfg.num_kv_blocks, cfg.block_size, cfg.max_batch_size),
-                  EngineConfig(cfg, capture_mode=capture_mode, keep_prompt_logits=True))
+                  EngineConfig(cfg, capture_mode=capture_mode, keep_prompt_logits=True,
+                               decode_snapshots=decode_snapshots))
 
 
 def prompt(n, seed, vocab=256):
@@ -131,9 +132,8 @@ def test_decode_snapshot_restore_equals_a_cold_next_turn(models):
     """Turn 2 restores the state saved inside turn 1's reply; its logits equal a cold run's."""
     logits, replayed = {}, {}
     for caching in (False, True):
-        eng = make_engine(models["torch"], block_size=4, prefill_budget=64, num_kv_blocks=64,
+        eng = make_engine(models["torch"], decode_snapshots=True, block_size=4, prefill_budget=64, num_kv_blocks=64,
                           enable_prefix_caching=caching)
-        eng.config.decode_snapshots = True
         t1 = eng.add_request(prompt(30, 5), 10, "t1")
         eng.run_until_done()
         t2 = eng.add_request(t1.all_token_ids + prompt(5, 6), 4, "t2")
