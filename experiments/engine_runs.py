@@ -17,7 +17,7 @@ import torch
 from model.engine import Engine, EngineConfig
 from model.hybrid import HybridLM
 from model.loading import from_preset
-from model.runner import ModelRunner
+from model.engine import ModelRunner
 from planner.request import Request
 from planner.scheduler import SchedulerConfig
 from planner.snapshot_store import EvictionPolicy

@@ -80,8 +80,8 @@ from experiments.results_io import (RESULTS, environment, parse_shard, read_csv,
                                      write_json)
 from model.config import PRESETS
 from model.engine import Engine, EngineConfig
-from model.placeholder_runner import PlaceholderRunner
-from model.runner import ModelRunner
+from model.engine import PlaceholderRunner
+from model.engine import ModelRunner
 from planner.eviction import FlopAwareEviction, PrefillFlops
 from planner.scheduler import SchedulerConfig
 from planner.snapshot_store import LRUEviction

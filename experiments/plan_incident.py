@@ -16,7 +16,7 @@ from pathlib import Path
 
 from experiments.results_io import RESULTS, environment, write_json
 from model.engine import Engine, EngineConfig
-from model.placeholder_runner import PlaceholderRunner
+from model.engine import PlaceholderRunner
 from planner.scheduler import SchedulerConfig
 
 SEED_FIGURES = {"legacy": {"warm_restore_at": 24577, "warm_replayed_tokens": 8195},

@@ -34,7 +34,7 @@ from experiments.engine_runs import (build_model, kv_blocks_for, log, make_engin
 from experiments.results_io import RESULTS, environment, save_figure, write_json, write_text
 from model.engine import Engine, RunRow
 from model.hybrid import HybridLM
-from model.runner import ModelRunner
+from model.engine import ModelRunner
 from planner.scheduler import SchedulerConfig
 
 SEED = {"legacy": {"chunk_ends": [8193, 16385, 24577, 32769, 32772], "warm_restore_at": 24577,

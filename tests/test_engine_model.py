@@ -11,7 +11,7 @@ import torch
 
 from model.engine import Engine, EngineConfig
 from model.loading import from_preset
-from model.runner import ModelRunner
+from model.engine import ModelRunner
 from planner.scheduler import SchedulerConfig
 from tests.model_helpers import max_abs, one_thread  # noqa: F401 (autouse fixture)
 

@@ -9,7 +9,7 @@ import torch
 from model.config import PRESETS
 from model.engine import Engine, EngineConfig
 from model.hybrid import HybridLM
-from model.placeholder_runner import PlaceholderRunner
+from model.engine import PlaceholderRunner
 from planner.block_pool import hash_full_blocks
 from planner.eviction import FlopAwareEviction, PrefillFlops, prefill_flops
 from planner.scheduler import SchedulerConfig

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from model.engine import Engine, EngineConfig
-from model.placeholder_runner import PlaceholderRunner
+from model.engine import PlaceholderRunner
 from planner.prefill_state import PrefillState
 from planner.prefix_cache import KVLease
 from planner.request import Request

@@ -13,7 +13,7 @@ import torch
 
 from model.batch import SequenceChunk
 from model.cache import SSMState
-from model.engine import RunnerOutput, RunRow
+from model.engine.runner import RunnerOutput, RunRow
 from model.hybrid import HybridLM
 
 

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from model.engine import RunnerOutput, RunRow
+from model.engine.runner import RunnerOutput, RunRow
 
 _MOD = 2_147_483_647  # 2^31 - 1: h * 1_000_003 stays below 2^53, exact in float64
 

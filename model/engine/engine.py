@@ -12,8 +12,8 @@ A last chunk that spans a capture point runs in one of three modes:
 * ``none`` - no capture (ablation: what the tail snapshot is worth).
 
 The runner is anything with `forward(rows) -> RunnerOutput` and slot state access; the real
-one wraps the hybrid model (`model.runner.ModelRunner`), the placeholder one
-(`model.placeholder_runner`) lets the planner be tested end to end without a model.
+one wraps the hybrid model (`model.engine.model_runner.ModelRunner`), the placeholder one
+(`model.engine.placeholder_runner`) lets the planner be tested end to end without a model.
 """
 
 from __future__ import annotations
@@ -21,41 +21,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from model.engine.runner import Runner, RunRow
 from planner.request import Request
 from planner.scheduler import ScheduledRow, Scheduler, SchedulerConfig
 from planner.snapshot_store import EvictionPolicy, SnapshotStore
 
 CAPTURE_MODES = ("in_pass", "two_pass", "none")
-
-
-@dataclasses.dataclass
-class RunRow:
-    """One row of a forward pass, in the terms a runner needs."""
-
-    token_ids: list[int]
-    start_pos: int
-    block_table: list[int]
-    state_slot: int
-    kv_cached_len: int
-    capture_offsets: tuple[int, ...] = ()
-
-
-@dataclasses.dataclass
-class RunnerOutput:
-    logits: list[torch.Tensor]  # per row: (vocab,) logits of its last token
-    captured: list[list[Any]]  # per row: one state per capture offset
-
-
-class Runner(Protocol):
-    def forward(self, rows: Sequence[RunRow]) -> RunnerOutput: ...
-
-    def read_state(self, slot: int) -> Any: ...  # a detached copy with .nbytes
-
-    def write_state(self, slot: int, state: Any) -> None: ...
 
 
 @dataclasses.dataclass
