@@ -1,4 +1,8 @@
-"""FLOP-aware snapshot eviction (Marconi-style) and the prefill FLOPs a snapshot spares.
+"""Snapshot eviction policies by name (`get_eviction`), FLOP-aware eviction (Marconi-style), and
+the prefill FLOPs a snapshot spares.
+
+`EVICTION_POLICIES` maps a name to a policy class, the same shape as the chunk policies'
+`planner.prefill_plan.POLICIES`: `get_eviction("flop_aware", alpha=0.5)`.
 
 LRU (`planner.snapshot_store.LRUEviction`) drops the snapshot used longest ago. In a hybrid
 model that is a poor proxy for value: every snapshot of one model has the same size (preset
@@ -51,16 +55,17 @@ one at 1,024); 32,752: 1.01e12 (54%).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Sequence
 
-from planner.snapshot_store import Snapshot
+from kernels.checks import require
+from planner.snapshot_store import EvictionPolicy, LRUEviction, Snapshot
 
 
 def prefill_flops(position: int, linear_params: float, attention_layers: int, attention_width: int,
                   ssm_flops_per_token: float = 0.0) -> float:
     """FLOPs to prefill tokens [0, position) from scratch (see the module docstring's formula)."""
-    if position < 0:
-        raise ValueError(f"position: must be >= 0, got {position}")
+    require(position >= 0, "position", f"must be >= 0, got {position}")
     p = float(position)
     return (2.0 * linear_params + ssm_flops_per_token) * p + attention_layers * 2.0 * attention_width * p * (p + 1.0)
 
@@ -116,17 +121,35 @@ class FlopAwareEviction:
     name = "flop_aware"
 
     def __init__(self, alpha: float = 1.0):
-        if not alpha >= 0:
-            raise ValueError(f"alpha: must be >= 0 (0 = LRU), got {alpha}")
+        require(alpha >= 0, "alpha", f"must be >= 0 (0 = LRU), got {alpha}")
         self.alpha = alpha
 
     def utilities(self, snapshots: Sequence[Snapshot]) -> list[float]:
+        """Each candidate's utility (see the module docstring); the lowest is evicted."""
         recency = _min_max([float(s.last_used) for s in snapshots])
         efficiency = _min_max([s.flops_saved / max(s.nbytes, 1) for s in snapshots])
         return [r + self.alpha * e for r, e in zip(recency, efficiency)]
 
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
-        if not snapshots:
-            raise ValueError("snapshots: nothing to evict")
+        """The lowest utility, ties broken least recently used first."""
+        require(len(snapshots) > 0, "snapshots", "nothing to evict")
         utility = self.utilities(snapshots)
         return snapshots[min(range(len(snapshots)), key=lambda i: (utility[i], i))]  # ties: LRU first
+
+
+EVICTION_POLICIES: dict[str, type] = {cls.name: cls for cls in (LRUEviction, FlopAwareEviction)}
+
+
+def get_eviction(policy: EvictionPolicy | str, **params) -> EvictionPolicy:
+    """A fresh eviction policy named `policy`, built with `params` (a policy object is returned as
+    is): the one place an eviction name is resolved. Unknown names or parameters raise naming them."""
+    if not isinstance(policy, str):
+        require(not params, "params", f"given with a policy object, not a name: {sorted(params)}")
+        return policy
+    require(policy in EVICTION_POLICIES, "eviction", f"must be one of {sorted(EVICTION_POLICIES)}, got {policy!r}")
+    cls = EVICTION_POLICIES[policy]
+    accepted = sorted(inspect.signature(cls).parameters)
+    for name in params:
+        require(name in accepted, name,
+                f"not a parameter of eviction policy {policy!r} (it takes {accepted or 'none'})")
+    return cls(**params)

@@ -23,15 +23,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-
-def _require(cond: bool, name: str, message: str) -> None:
-    if not cond:
-        raise ValueError(f"{name}: {message}")
+from kernels.checks import require
 
 
 def _check_total_and_block(total: int, block_size: int) -> None:
-    _require(block_size >= 1, "block_size", f"must be >= 1, got {block_size}")
-    _require(total >= 1, "total", f"must be >= 1, got {total}")
+    require(block_size >= 1, "block_size", f"must be >= 1, got {block_size}")
+    require(total >= 1, "total", f"must be >= 1, got {total}")
 
 
 def last_block_boundary(total: int, block_size: int) -> int:
@@ -59,13 +56,18 @@ def is_prompt_tail_end(end_token: int, total: int, block_size: int) -> bool:
     return end_token == last_block_boundary(total, block_size) or end_token == tail_split_point(total, block_size)
 
 
+def check_interval(interval: int, name: str = "interval") -> None:
+    """The snapshot interval's one check: a count of blocks, 0 turning interval snapshots off."""
+    require(interval >= 0, name, f"must be >= 0 blocks (0 = off), got {interval}")
+
+
 def is_checkpoint_chunk_end(end_token: int, total: int, block_size: int, interval: int) -> bool:
     """Whether a non-last chunk ending at `end_token` saves an SSM snapshot (aligned policy).
 
     A prompt-tail end, or a block boundary whose block index is a positive multiple of
     `interval` blocks (`interval=0` turns interval snapshots off; block 0 never checkpoints).
     """
-    _require(interval >= 0, "interval", f"must be >= 0 blocks (0 = off), got {interval}")
+    check_interval(interval)
     if is_prompt_tail_end(end_token, total, block_size):
         return True
     if interval == 0 or end_token <= 0 or end_token % block_size:
@@ -75,8 +77,8 @@ def is_checkpoint_chunk_end(end_token: int, total: int, block_size: int, interva
 
 def _check_chunk_args(offset: int, total: int, proposed: int, block_size: int) -> None:
     _check_total_and_block(total, block_size)
-    _require(0 <= offset < total, "offset", f"must be in [0, {total}) for total={total}, got {offset}")
-    _require(
+    require(0 <= offset < total, "offset", f"must be in [0, {total}) for total={total}, got {offset}")
+    require(
         1 <= proposed <= total - offset,
         "proposed",
         f"must be in [1, {total - offset}] (tokens left after offset={offset}), got {proposed}",
@@ -109,8 +111,7 @@ def plan_chunk_len_legacy(offset: int, total: int, proposed: int, block_size: in
 
 
 def is_checkpoint_chunk_end_legacy(end_token: int, total: int, block_size: int, interval: int) -> bool:
-    """Legacy policy: every non-last chunk end saves a snapshot, aligned or not."""
-    _require(interval >= 0, "interval", f"must be >= 0 blocks (0 = off), got {interval}")
+    """Legacy policy: every non-last chunk end saves a snapshot, aligned or not (`interval` unused)."""
     _check_total_and_block(total, block_size)
     return 0 < end_token < total
 
@@ -145,9 +146,12 @@ POLICIES: dict[str, ChunkPolicy] = {
 }
 
 
-def get_policy(name: str) -> ChunkPolicy:
-    _require(name in POLICIES, "policy", f"must be one of {sorted(POLICIES)}, got {name!r}")
-    return POLICIES[name]
+def get_policy(policy: ChunkPolicy | str) -> ChunkPolicy:
+    """The chunk policy named `policy` (a `ChunkPolicy` is returned as is): the one place a name is resolved."""
+    if isinstance(policy, ChunkPolicy):
+        return policy
+    require(policy in POLICIES, "policy", f"must be one of {sorted(POLICIES)}, got {policy!r}")
+    return POLICIES[policy]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,13 +182,13 @@ class ChunkPlan:
 def plan_chunk(
     offset: int, total: int, proposed: int, block_size: int, interval: int, policy: ChunkPolicy | str = "aligned"
 ) -> ChunkPlan:
-    """The chunk at `offset` under `policy`, with its snapshot and capture decisions."""
-    policy = get_policy(policy) if isinstance(policy, str) else policy
+    """The chunk at `offset` under `policy` (a `ChunkPolicy` or its name), with its snapshot and
+    capture decisions. `interval` is checked where it is used (`is_checkpoint_chunk_end`)."""
+    policy = get_policy(policy)
     length = policy.chunk_len(offset, total, proposed, block_size)
     end = offset + length
     if end < total:
         return ChunkPlan(offset, length, total, policy.saves_snapshot(end, total, block_size, interval), ())
-    _require(interval >= 0, "interval", f"must be >= 0 blocks (0 = off), got {interval}")
     return ChunkPlan(offset, length, total, False, last_chunk_capture_offsets(offset, length, total, block_size))
 
 

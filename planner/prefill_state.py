@@ -12,21 +12,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from kernels.checks import require
 from planner.prefill_plan import ChunkPlan, ChunkPolicy, plan_chunk
 from planner.prefix_cache import KVLease
 
 
 class PrefillState:
     def __init__(self, token_ids: Sequence[int], lease: KVLease):
-        if len(token_ids) == 0:
-            raise ValueError("token_ids: a prompt needs at least one token to produce logits")
-        if lease.num_computed_tokens >= len(token_ids):
-            # The prefix match backs off one block so at least one token is left to run;
-            # a prefill with nothing to run produces no logits to sample the first token from.
-            raise ValueError(
-                f"lease: {lease.num_computed_tokens} of {len(token_ids)} tokens already computed; "
-                "the adopted prefix was not backed off"
-            )
+        require(len(token_ids) > 0, "token_ids", "a prompt needs at least one token to produce logits")
+        # The prefix match backs off one block so at least one token is left to run;
+        # a prefill with nothing to run produces no logits to sample the first token from.
+        require(lease.num_computed_tokens < len(token_ids), "lease",
+                f"{lease.num_computed_tokens} of {len(token_ids)} tokens already computed; "
+                "the adopted prefix was not backed off")
         self.token_ids = list(token_ids)
         self.lease = lease
 
@@ -51,8 +49,7 @@ class PrefillState:
         """The next chunk given at most `budget` tokens this tick (budget >= 1)."""
         if self.is_done:
             raise RuntimeError("plan_next on a finished prefill")
-        if budget < 1:
-            raise ValueError(f"budget: must be >= 1, got {budget}")
+        require(budget >= 1, "budget", f"must be >= 1, got {budget}")
         return plan_chunk(self.position, self.total, min(budget, self.remaining), block_size, interval, policy)
 
     def chunk_tokens(self, plan: ChunkPlan) -> list[int]:

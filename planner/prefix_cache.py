@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from kernels.checks import require
 from planner.block_pool import BlockHash, BlockPool, KVBlock, extend_block_hashes  # noqa: F401 (re-exported)
 
 
@@ -38,11 +39,9 @@ class KVLease:
 
     def advance(self, num_tokens: int) -> None:
         """Record that the next `num_tokens` positions were computed and written."""
-        if num_tokens < 1 or self.num_computed_tokens + num_tokens > self.capacity:
-            raise ValueError(
-                f"num_tokens: must be in [1, {self.capacity - self.num_computed_tokens}] "
-                f"(lease capacity {self.capacity}, computed {self.num_computed_tokens}), got {num_tokens}"
-            )
+        require(1 <= num_tokens and self.num_computed_tokens + num_tokens <= self.capacity, "num_tokens",
+                f"must be in [1, {self.capacity - self.num_computed_tokens}] "
+                f"(lease capacity {self.capacity}, computed {self.num_computed_tokens}), got {num_tokens}")
         self.num_computed_tokens += num_tokens
 
 
@@ -50,8 +49,7 @@ class PrefixCache:
     """Block-floored prefix matching and publication over a `BlockPool`."""
 
     def __init__(self, pool: BlockPool, block_size: int, enabled: bool = True):
-        if block_size < 1:
-            raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        require(block_size >= 1, "block_size", f"must be >= 1, got {block_size}")
         self.pool = pool
         self.block_size = block_size
         self.enabled = enabled

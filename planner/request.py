@@ -6,6 +6,7 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING
 
+from kernels.checks import require
 from planner.block_pool import BlockHash
 
 if TYPE_CHECKING:
@@ -62,10 +63,8 @@ class Request:
     metrics: RequestMetrics = dataclasses.field(default_factory=RequestMetrics)
 
     def __post_init__(self):
-        if len(self.prompt_token_ids) == 0:
-            raise ValueError(f"prompt_token_ids: request {self.request_id!r} has an empty prompt")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        require(len(self.prompt_token_ids) > 0, "prompt_token_ids", f"request {self.request_id!r} has an empty prompt")
+        require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
 
     @property
     def all_token_ids(self) -> list[int]:

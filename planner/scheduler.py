@@ -20,8 +20,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+from kernels.checks import require
 from planner.block_pool import BlockPool
-from planner.prefill_plan import ChunkPlan, get_policy
+from planner.prefill_plan import ChunkPlan, ChunkPolicy, check_interval, get_policy
 from planner.prefill_state import PrefillState
 from planner.prefix_cache import PrefixCache, extend_block_hashes
 from planner.request import Request, RequestStatus
@@ -30,6 +31,8 @@ from planner.snapshot_store import Snapshot, SnapshotStore
 
 @dataclasses.dataclass
 class SchedulerConfig:
+    """The scheduler's settings: KV block size and pool, token budget, batch slots, chunk policy."""
+
     block_size: int = 16
     prefill_budget: int = 8192
     max_batch_size: int = 1
@@ -40,20 +43,26 @@ class SchedulerConfig:
     ssm_snapshots: bool = True  # the model has SSM layers: a warm start needs a snapshot
 
     def __post_init__(self):
-        for name, low in (("block_size", 1), ("prefill_budget", 1), ("max_batch_size", 1), ("num_kv_blocks", 1)):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name}: must be >= {low}, got {getattr(self, name)}")
-        if self.snapshot_interval_blocks < 0:
-            raise ValueError(f"snapshot_interval_blocks: must be >= 0 (0 = off), got {self.snapshot_interval_blocks}")
+        for name in ("block_size", "prefill_budget", "max_batch_size", "num_kv_blocks"):
+            require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        check_interval(self.snapshot_interval_blocks, "snapshot_interval_blocks")
         get_policy(self.policy)
 
     @property
+    def chunk_policy(self) -> ChunkPolicy:
+        """The policy `policy` names (resolved by the planner's registry, `get_policy`)."""
+        return get_policy(self.policy)
+
+    @property
     def tick_budget(self) -> int:
+        """Tokens one tick hands out: the prefill budget plus one decode token per batch slot."""
         return self.prefill_budget + self.max_batch_size
 
 
 @dataclasses.dataclass
 class ScheduledRow:
+    """One row of a tick: a request's decode token or its next prefill chunk, with its restore point."""
+
     request: Request
     start_pos: int  # positions already computed; the row runs [start_pos, start_pos + len(token_ids))
     token_ids: list[int]
@@ -63,15 +72,19 @@ class ScheduledRow:
 
     @property
     def is_decode(self) -> bool:
+        """A one-token decode row (no chunk plan)."""
         return self.plan is None
 
     @property
     def num_tokens(self) -> int:
+        """Tokens the row runs."""
         return len(self.token_ids)
 
 
 @dataclasses.dataclass
 class SchedulerOutput:
+    """What one tick scheduled: its rows, the requests it preempted, and the decode reservations."""
+
     tick: int
     rows: list[ScheduledRow]
     preempted: list[Request]
@@ -79,16 +92,20 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens of every row of the tick."""
         return sum(r.num_tokens for r in self.rows)
 
 
 class Scheduler:
+    """Books KV blocks, batch slots and restore points, and shapes each tick's rows; runs nothing."""
+
     def __init__(self, config: SchedulerConfig, snapshots: SnapshotStore | None = None):
+        """`snapshots`: the store restore points are looked up in (a private one if None)."""
         self.config = config
         self.pool = BlockPool(config.num_kv_blocks)
         self.kv = PrefixCache(self.pool, config.block_size, enabled=config.enable_prefix_caching)
         self.snapshots = snapshots if snapshots is not None else SnapshotStore(config.block_size)
-        self.policy = get_policy(config.policy)
+        self.policy = config.chunk_policy
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.free_slots = list(range(config.max_batch_size - 1, -1, -1))  # pop() gives slot 0 first
@@ -96,22 +113,23 @@ class Scheduler:
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
+        """Queue a request; ValueError if its prompt plus output could never fit the KV pool."""
         worst = len(request.prompt_token_ids) + request.max_new_tokens
         need = -(-worst // self.config.block_size)
-        if need > self.pool.num_blocks:
-            raise ValueError(
-                f"request {request.request_id!r}: prompt + max_new_tokens = {worst} tokens needs {need} KV blocks, "
-                f"the pool has {self.pool.num_blocks}"
-            )
+        require(need <= self.pool.num_blocks, f"request {request.request_id!r}",
+                f"prompt + max_new_tokens = {worst} tokens needs {need} KV blocks, the pool has {self.pool.num_blocks}")
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
     @property
     def has_work(self) -> bool:
+        """Whether any request waits or runs."""
         return bool(self.waiting or self.running)
 
     # ------------------------------------------------------------------ one tick
     def schedule(self) -> SchedulerOutput:
+        """The rows of the next tick: decode rows first, then prefill chunks of admitted requests
+        (FIFO), then new admissions (each with its restore point) while budget and slots last."""
         self.tick += 1
         cfg = self.config
         holders = list(self.running)
@@ -148,8 +166,8 @@ class Scheduler:
             if budget < cfg.block_size and budget < len(req.all_token_ids):
                 # A sliver left by block-floored chunks (514 - 512 = 2 tokens at budget 512 with
                 # two slots) would admit this request now and match its prefix against a cache
-                # that the chunks of this very tick have not published yet: in a multi-turn run
-                # one such request recomputed a 1812-token shared system prompt. Admit it next tick.
+                # that the chunks of this very tick have not published yet, so it would recompute
+                # a prefix those chunks are about to publish. Admit it next tick.
                 break
             plan, restore = self._admit(req, budget)
             if plan is None:
@@ -161,10 +179,12 @@ class Scheduler:
         return SchedulerOutput(self.tick, rows, preempted, len(holders))
 
     def _prefill_row(self, req: Request, plan: ChunkPlan, restore: Snapshot | None = None) -> ScheduledRow:
+        """The row of one planned chunk; `restore` is the snapshot its slot starts from (admission only)."""
         return ScheduledRow(req, plan.offset, req.prefill.chunk_tokens(plan), req.lease.num_cached_tokens, plan, restore)
 
     def _admit(self, req: Request, budget: int) -> tuple[ChunkPlan | None, Snapshot | None]:
-        """Adopt the cached prefix, pick the restore point, and book the first chunk."""
+        """Adopt the cached prefix, pick the restore point (the deepest usable snapshot at or below
+        the KV match; everything after it is replay), and book the first chunk."""
         cfg = self.config
         tokens = req.all_token_ids
         extend_block_hashes(req.block_hashes, tokens, cfg.block_size)
@@ -202,6 +222,7 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request) -> None:
+        """Release the request's blocks and slot and queue it first, to recompute from scratch."""
         self.running.remove(req)
         self.kv.release(req.lease)
         self.free_slots.append(req.slot)
@@ -230,8 +251,7 @@ class Scheduler:
                     req.prefill = None
             token = sampled.get(req.request_id)
             if req.prefill is None:
-                if token is None:
-                    raise ValueError(f"sampled: no token for request {req.request_id!r}, which produced logits")
+                require(token is not None, "sampled", f"no token for request {req.request_id!r}, which produced logits")
                 req.output_token_ids.append(int(token))
             extend_block_hashes(req.block_hashes, req.all_token_ids, self.config.block_size)
             self.kv.publish(req.lease, req.block_hashes)
@@ -242,10 +262,12 @@ class Scheduler:
 
     @staticmethod
     def _is_done(req: Request) -> bool:
+        """max_new_tokens reached, or the last token is EOS."""
         last = req.output_token_ids[-1] if req.output_token_ids else None
         return len(req.output_token_ids) >= req.max_new_tokens or (last is not None and last == req.eos_token_id)
 
     def _finish(self, req: Request) -> None:
+        """Release a finished request's blocks (they stay findable by hash) and its slot."""
         self.running.remove(req)
         self.kv.release(req.lease)
         self.free_slots.append(req.slot)

@@ -9,7 +9,8 @@ from the deepest allowed block down, so a snapshot is only ever returned for a p
 shares its whole prefix, and the cost is one dict probe per block, not a scan of the store.
 
 A byte budget bounds what is held; eviction is a seam (`EvictionPolicy`): LRU by default,
-and a FLOP-aware policy for the multi-turn study lives beside it.
+and a FLOP-aware policy for the multi-turn study lives beside it (`planner.eviction`, which also
+selects a policy by name).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dataclasses
 import itertools
 from typing import Any, Protocol, Sequence
 
+from kernels.checks import require
 from planner.block_pool import BlockHash
 
 
@@ -46,9 +48,12 @@ class EvictionPolicy(Protocol):
 
 
 class LRUEviction:
+    """Evict the snapshot used longest ago (the store's default)."""
+
     name = "lru"
 
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
+        """The least recently used snapshot."""
         return snapshots[0]
 
 
@@ -66,10 +71,9 @@ class SnapshotStats:
 
 class SnapshotStore:
     def __init__(self, block_size: int, byte_budget: int | None = None, eviction: EvictionPolicy | None = None):
-        if block_size < 1:
-            raise ValueError(f"block_size: must be >= 1, got {block_size}")
-        if byte_budget is not None and byte_budget < 0:
-            raise ValueError(f"byte_budget: must be >= 0 or None (unbounded), got {byte_budget}")
+        require(block_size >= 1, "block_size", f"must be >= 1, got {block_size}")
+        require(byte_budget is None or byte_budget >= 0, "byte_budget",
+                f"must be >= 0 or None (unbounded), got {byte_budget}")
         self.block_size = block_size
         self.byte_budget = byte_budget
         self.eviction = eviction or LRUEviction()
@@ -88,18 +92,15 @@ class SnapshotStore:
 
     def _key_parts(self, token_ids: Sequence[int], position: int, block_hashes: Sequence[BlockHash]):
         full = position // self.block_size
-        if full > len(block_hashes):
-            raise ValueError(
-                f"block_hashes: need the hashes of the first {full} blocks for position {position}, got {len(block_hashes)}"
-            )
+        require(full <= len(block_hashes), "block_hashes",
+                f"need the hashes of the first {full} blocks for position {position}, got {len(block_hashes)}")
         anchor = block_hashes[full - 1] if full else None
         return anchor, tuple(token_ids[full * self.block_size : position])
 
     def save(self, token_ids: Sequence[int], position: int, state: Any, block_hashes: Sequence[BlockHash],
              flops_saved: float = 0.0) -> bool:
         """Store the state after `token_ids[:position]`; False when it cannot fit the budget."""
-        if not 0 < position <= len(token_ids):
-            raise ValueError(f"position: must be in [1, {len(token_ids)}], got {position}")
+        require(0 < position <= len(token_ids), "position", f"must be in [1, {len(token_ids)}], got {position}")
         anchor, tail = self._key_parts(token_ids, position, block_hashes)
         now = next(self._clock)
         existing = self._by_anchor.get(anchor, {}).get(tail)

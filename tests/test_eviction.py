@@ -11,7 +11,7 @@ from model.engine import Engine, EngineConfig
 from model.hybrid import HybridLM
 from model.engine import PlaceholderRunner
 from planner.block_pool import hash_full_blocks
-from planner.eviction import FlopAwareEviction, PrefillFlops, prefill_flops
+from planner.eviction import EVICTION_POLICIES, FlopAwareEviction, PrefillFlops, get_eviction, prefill_flops
 from planner.scheduler import SchedulerConfig
 from planner.snapshot_store import LRUEviction, SnapshotStore
 
@@ -129,6 +129,27 @@ def test_bad_arguments():
         FlopAwareEviction().choose_victim([], 0)
     with pytest.raises(ValueError, match="position"):
         prefill_flops(-1, 1, 1, 1)
+
+
+def test_eviction_policies_by_name():
+    assert sorted(EVICTION_POLICIES) == ["flop_aware", "lru"]
+    assert all(EVICTION_POLICIES[name].name == name for name in EVICTION_POLICIES)
+    assert isinstance(get_eviction("lru"), LRUEviction)
+    tuned = get_eviction("flop_aware", alpha=0.5)
+    assert isinstance(tuned, FlopAwareEviction) and tuned.alpha == 0.5
+    assert get_eviction("flop_aware") is not get_eviction("flop_aware")  # a fresh policy each time
+    policy = FlopAwareEviction()
+    assert get_eviction(policy) is policy
+    with pytest.raises(ValueError, match=r"^eviction: must be one of \['flop_aware', 'lru'\], got 'fifo'"):
+        get_eviction("fifo")
+    with pytest.raises(ValueError, match="^alpha: not a parameter of eviction policy 'lru'"):
+        get_eviction("lru", alpha=1.0)
+    with pytest.raises(ValueError, match="^beta: not a parameter of eviction policy 'flop_aware'"):
+        get_eviction("flop_aware", beta=1.0)
+    with pytest.raises(ValueError, match="^alpha: must be >= 0"):
+        get_eviction("flop_aware", alpha=-1.0)
+    with pytest.raises(ValueError, match="^params:"):
+        get_eviction(policy, alpha=1.0)
 
 
 # ---------------------------------------------------------------- the FLOP model

@@ -4,6 +4,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner.prefill_plan import (
+    POLICIES,
+    check_interval,
     get_policy,
     is_checkpoint_chunk_end,
     is_prompt_tail_end,
@@ -110,6 +112,10 @@ def test_bad_interval_and_policy():
         plan_chunk(0, 100, 10, 16, -1)
     with pytest.raises(ValueError, match="policy"):
         get_policy("greedy")
+    with pytest.raises(ValueError, match="^snapshot_interval_blocks: must be >= 0 blocks"):
+        check_interval(-1, "snapshot_interval_blocks")
+    check_interval(0)
+    assert get_policy(POLICIES["legacy"]) is get_policy("legacy") is POLICIES["legacy"]
     with pytest.raises(ValueError, match="block_size"):
         tail_split_point(100, 0)
 
