@@ -8,16 +8,16 @@ configuration leaks into the next. `warm_up` runs one short prompt first, so one
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from typing import Callable, Sequence
 
 import torch
 
-from model.engine import Engine, EngineConfig
+from model.engine import Engine
 from model.hybrid import HybridLM
 from model.loading import from_preset
-from model.engine import ModelRunner
 from planner.request import Request
 from planner.scheduler import SchedulerConfig
 from planner.snapshot_store import EvictionPolicy
@@ -57,10 +57,9 @@ def make_engine(model: HybridLM, sched: SchedulerConfig, capture_mode: str = "in
                 snapshot_byte_budget: int | None = None, eviction: EvictionPolicy | None = None,
                 snapshot_flops: Callable[[int], float] | None = None, keep_prompt_logits: bool = True,
                 decode_snapshots: bool = False) -> Engine:
-    runner = ModelRunner(model, sched.num_kv_blocks, sched.block_size, sched.max_batch_size)
-    config = EngineConfig(sched, capture_mode=capture_mode, snapshot_byte_budget=snapshot_byte_budget,
-                          keep_prompt_logits=keep_prompt_logits, decode_snapshots=decode_snapshots)
-    return Engine(runner, config, eviction=eviction, snapshot_flops=snapshot_flops)
+    return Engine.for_model(model, eviction=eviction, snapshot_flops=snapshot_flops, capture_mode=capture_mode,
+                            snapshot_byte_budget=snapshot_byte_budget, keep_prompt_logits=keep_prompt_logits,
+                            decode_snapshots=decode_snapshots, **dataclasses.asdict(sched))
 
 
 def kv_blocks_for(prompt_lens: Sequence[int], block_size: int, slack: int = 16) -> int:

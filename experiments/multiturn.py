@@ -81,7 +81,6 @@ from experiments.results_io import (RESULTS, environment, parse_shard, read_csv,
 from model.config import PRESETS
 from model.engine import Engine, EngineConfig
 from model.engine import PlaceholderRunner
-from model.engine import ModelRunner
 from planner.eviction import FlopAwareEviction, PrefillFlops
 from planner.scheduler import SchedulerConfig
 from planner.snapshot_store import LRUEviction
@@ -549,7 +548,7 @@ def main(argv=None) -> int:
         model = build_model(args.preset, args.device, args.seed)
         warm_up(model)
         vocab, flops = model.config.vocab_size, PrefillFlops.from_config(model.config)
-        snapshot_nbytes = ModelRunner(model, 1, args.block_size, 1).snapshot_nbytes
+        snapshot_nbytes = model.allocate_cache(1, args.block_size, 1).state_bytes_per_slot
     else:
         # the preset's FLOP model without its weights: the planner figures (not the TTFTs) match the model run's
         vocab, flops = 64, PrefillFlops.from_config(PRESETS[args.preset])

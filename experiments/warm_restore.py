@@ -32,7 +32,8 @@ import torch
 from experiments.engine_runs import (build_model, kv_blocks_for, log, make_engine, max_abs_diff, random_prompt,
                                      set_threads)
 from experiments.results_io import RESULTS, environment, save_figure, write_json, write_text
-from model.engine import Engine, RunRow
+from model.batch import SequenceChunk
+from model.engine import Engine
 from model.hybrid import HybridLM
 from model.engine import ModelRunner
 from planner.scheduler import SchedulerConfig
@@ -100,7 +101,7 @@ def replay_curve(engine: Engine, prompt: list[int], points, repeats: int) -> lis
     for n in points:
         times = []
         for _ in range(repeats):
-            row = RunRow(prompt[total - n:], total - n, table, 0, kv_cached_len=total)
+            row = SequenceChunk(torch.tensor(prompt[total - n:]), total - n, table, 0, kv_cached_len=total)
             t0 = time.perf_counter()
             runner.forward([row])
             times.append(time.perf_counter() - t0)

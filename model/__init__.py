@@ -7,7 +7,7 @@
     out = lm.forward_batch([SequenceChunk(ids, 0, blocks, slot)], cache)
 """
 
-from model.batch import BatchOutput, SequenceChunk, split_row
+from model.batch import BatchOutput, SequenceChunk
 from model.cache import ModelCache, SSMState
 from model.config import PRESETS, HybridConfig
 from model.hybrid import HybridLM
@@ -15,5 +15,5 @@ from model.loading import from_preset, init_random_weights, load_pretrained
 
 __all__ = [
     "BatchOutput", "HybridConfig", "HybridLM", "ModelCache", "PRESETS", "SSMState", "SequenceChunk",
-    "from_preset", "init_random_weights", "load_pretrained", "split_row",
+    "from_preset", "init_random_weights", "load_pretrained",
 ]

@@ -9,10 +9,11 @@ gathering them; attention sees all rows in one varlen paged call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
+from kernels.checks import require
 from model.attention import PagedAttentionInputs
 from model.cache import ModelCache, SSMState
 
@@ -50,47 +51,44 @@ def _is_int(v) -> bool:
 
 def validate_rows(rows: list[SequenceChunk], cache: ModelCache, vocab_size: int) -> None:
     """ValueError naming the field of the first bad row; nothing is computed for an invalid batch."""
-    if not isinstance(rows, (list, tuple)) or not rows:
-        raise ValueError("rows: expected a non-empty list of SequenceChunk")
+    require(isinstance(rows, (list, tuple)) and len(rows) > 0, "rows", "expected a non-empty list of SequenceChunk")
     seen_slots: dict[int, int] = {}
     for r, row in enumerate(rows):
-        def bad(name: str, msg: str):
-            raise ValueError(f"{name}: row {r}: {msg}")
-
         ids = row.token_ids
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
-            bad("token_ids", f"expected a 1-D int64 tensor, got {getattr(ids, 'shape', type(ids))}")
+        require(isinstance(ids, torch.Tensor) and ids.dim() == 1 and ids.dtype in (torch.int64, torch.int32),
+                "token_ids", f"row {r}: expected a 1-D int64 tensor, got {getattr(ids, 'shape', type(ids))}")
         n = ids.numel()
-        if n < 1:
-            bad("token_ids", "a row needs at least one token")
-        if not _is_int(row.start_pos) or row.start_pos < 0:
-            bad("start_pos", f"must be an int >= 0, got {row.start_pos!r}")
-        if not _is_int(row.state_slot) or not 0 <= row.state_slot < cache.num_state_slots:
-            bad("state_slot", f"must be an int in 0 .. {cache.num_state_slots - 1}, got {row.state_slot!r}")
-        if row.state_slot in seen_slots:
-            bad("state_slot", f"slot {row.state_slot} is also used by row {seen_slots[row.state_slot]}")
+        require(n >= 1, "token_ids", f"row {r}: a row needs at least one token")
+        require(_is_int(row.start_pos) and row.start_pos >= 0, "start_pos",
+                f"row {r}: must be an int >= 0, got {row.start_pos!r}")
+        require(_is_int(row.state_slot) and 0 <= row.state_slot < cache.num_state_slots, "state_slot",
+                f"row {r}: must be an int in 0 .. {cache.num_state_slots - 1}, got {row.state_slot!r}")
+        require(row.state_slot not in seen_slots, "state_slot",
+                f"row {r}: slot {row.state_slot} is also used by row {seen_slots.get(row.state_slot)}")
         seen_slots[row.state_slot] = r
-        if not _is_int(row.kv_cached_len) or row.kv_cached_len < 0:
-            bad("kv_cached_len", f"must be an int >= 0, got {row.kv_cached_len!r}")
+        require(_is_int(row.kv_cached_len) and row.kv_cached_len >= 0, "kv_cached_len",
+                f"row {r}: must be an int >= 0, got {row.kv_cached_len!r}")
         need = -(-(row.start_pos + n) // cache.block_size)
         table = list(row.block_table)
-        if len(table) < need:
-            bad("block_table", f"{len(table)} blocks cannot hold start_pos + n = {row.start_pos + n} tokens "
+        require(len(table) >= need, "block_table",
+                f"row {r}: {len(table)} blocks cannot hold start_pos + n = {row.start_pos + n} tokens "
                 f"(block_size {cache.block_size} needs {need})")
-        if any(not _is_int(b) or not 0 <= b < cache.num_blocks for b in table[:need]):
-            bad("block_table", f"block ids must be ints in 0 .. {cache.num_blocks - 1}, got {table[:need]}")
+        ok = all(_is_int(b) and 0 <= b < cache.num_blocks for b in table[:need])
+        require(ok, "block_table", f"row {r}: block ids must be ints in 0 .. {cache.num_blocks - 1}, got "
+                f"{table[:need] if not ok else '...'}")  # a long table is formatted only when it is wrong
         offs = tuple(row.capture_offsets)
-        if any(not _is_int(o) or not 0 < o < n for o in offs):
-            bad("capture_offsets", f"offsets must be ints with 0 < o < n = {n}, got {offs}")
-        if any(b <= a for a, b in zip(offs, offs[1:])):
-            bad("capture_offsets", f"offsets must be strictly increasing, got {offs}")
-        if not isinstance(row.all_logits, bool):
-            bad("all_logits", f"must be a bool, got {row.all_logits!r}")
+        require(all(_is_int(o) and 0 < o < n for o in offs), "capture_offsets",
+                f"row {r}: offsets must be ints with 0 < o < n = {n}, got {offs}")
+        require(all(a < b for a, b in zip(offs, offs[1:])), "capture_offsets",
+                f"row {r}: offsets must be strictly increasing, got {offs}")
+        require(isinstance(row.all_logits, bool), "all_logits", f"row {r}: must be a bool, got {row.all_logits!r}")
     # id range: one min/max over the whole batch (one host sync, not one per row)
     lo, hi = torch.cat([r.token_ids.reshape(-1).to(rows[0].token_ids.device) for r in rows]).aminmax()
+    bad = None
     if int(lo) < 0 or int(hi) >= vocab_size:
-        r = next(i for i, row in enumerate(rows) if int(row.token_ids.min()) < 0 or int(row.token_ids.max()) >= vocab_size)
-        raise ValueError(f"token_ids: row {r}: ids must lie in 0 .. {vocab_size - 1}")
+        bad = next(i for i, row in enumerate(rows)
+                   if int(row.token_ids.min()) < 0 or int(row.token_ids.max()) >= vocab_size)
+    require(bad is None, "token_ids", f"row {bad}: ids must lie in 0 .. {vocab_size - 1}")
 
 
 @dataclass
@@ -162,20 +160,3 @@ def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device) 
         logit_index=torch.cat(logit_index).to(**to),
         logit_counts=counts,
     )
-
-
-def split_row(row: SequenceChunk, offset: int) -> tuple[SequenceChunk, SequenceChunk]:
-    """The two-pass fallback: `row` as two consecutive rows cut after token offset - 1.
-
-    Running the head, reading its slot (`ModelCache.read_state`) and then running the tail gives
-    the state an in-pass capture at `offset` returns, and the same final state and logits.
-    Captures on either side move with their tokens; the head returns logits only if all_logits.
-    """
-    n = row.num_tokens
-    if not _is_int(offset) or not 0 < offset < n:
-        raise ValueError(f"offset: must be an int with 0 < offset < n = {n}, got {offset!r}")
-    head = replace(row, token_ids=row.token_ids[:offset],
-                   capture_offsets=tuple(o for o in row.capture_offsets if o < offset))
-    tail = replace(row, token_ids=row.token_ids[offset:], start_pos=row.start_pos + offset,
-                   capture_offsets=tuple(o - offset for o in row.capture_offsets if o > offset))
-    return head, tail

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.checks import require
 from model.config import HybridConfig
 
 
@@ -31,12 +32,13 @@ class SSMState:
 
 
 class ModelCache:
+    """Paged KV blocks per attention layer and one state slot per sequence in every Mamba layer's pools."""
+
     def __init__(self, config: HybridConfig, num_blocks: int, block_size: int, num_state_slots: int,
                  dtype: torch.dtype, device: torch.device | str):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
                             ("num_state_slots", num_state_slots)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be a positive int, got {value!r}")
+            require(isinstance(value, int) and value >= 1, name, f"must be a positive int, got {value!r}")
         self.config = config
         self.num_blocks, self.block_size, self.num_state_slots = num_blocks, block_size, num_state_slots
         self.dtype, self.device = dtype, torch.device(device)
@@ -50,33 +52,31 @@ class ModelCache:
         self.ssm_pool = {i: torch.zeros(ssm_shape, dtype=torch.float32, device=device)
                          for i in config.mamba_layer_indices}
 
-    def _check_slot(self, slot: int) -> None:
-        if not isinstance(slot, int) or not 0 <= slot < self.num_state_slots:
-            raise ValueError(f"state_slot: must be an int in 0 .. {self.num_state_slots - 1}, got {slot!r}")
-
     def read_state(self, slot: int) -> SSMState:
         """A detached copy of every Mamba layer's (conv, ssm) state at `slot`."""
-        self._check_slot(slot)
+        require(isinstance(slot, int) and 0 <= slot < self.num_state_slots, "state_slot",
+                f"must be an int in 0 .. {self.num_state_slots - 1}, got {slot!r}")
         layers = self.config.mamba_layer_indices
         return SSMState([self.conv_pool[i][slot].clone() for i in layers], [self.ssm_pool[i][slot].clone() for i in layers])
 
     def write_state(self, slot: int, state: SSMState) -> None:
         """Restore a snapshot into `slot` (copies; the snapshot stays usable)."""
-        self._check_slot(slot)
+        require(isinstance(slot, int) and 0 <= slot < self.num_state_slots, "state_slot",
+                f"must be an int in 0 .. {self.num_state_slots - 1}, got {slot!r}")
         layers = self.config.mamba_layer_indices
-        if len(state.conv) != len(layers) or len(state.ssm) != len(layers):
-            raise ValueError(f"state: expected {len(layers)} Mamba layers, got {len(state.conv)} conv / "
-                             f"{len(state.ssm)} ssm tensors")
+        require(len(state.conv) == len(layers) and len(state.ssm) == len(layers), "state",
+                f"expected {len(layers)} Mamba layers, got {len(state.conv)} conv / {len(state.ssm)} ssm tensors")
         for i, conv, ssm in zip(layers, state.conv, state.ssm):
-            if conv.shape != self.conv_pool[i].shape[1:] or ssm.shape != self.ssm_pool[i].shape[1:]:
-                raise ValueError(f"state: layer {i} shapes {tuple(conv.shape)}/{tuple(ssm.shape)} do not match the "
-                                 f"pools {tuple(self.conv_pool[i].shape[1:])}/{tuple(self.ssm_pool[i].shape[1:])}")
+            require(conv.shape == self.conv_pool[i].shape[1:] and ssm.shape == self.ssm_pool[i].shape[1:], "state",
+                    f"layer {i} shapes {tuple(conv.shape)}/{tuple(ssm.shape)} do not match the "
+                    f"pools {tuple(self.conv_pool[i].shape[1:])}/{tuple(self.ssm_pool[i].shape[1:])}")
             self.conv_pool[i][slot].copy_(conv)
             self.ssm_pool[i][slot].copy_(ssm)
 
     def reset_state(self, slot: int) -> None:
         """Zero state: a sequence starting at position 0."""
-        self._check_slot(slot)
+        require(isinstance(slot, int) and 0 <= slot < self.num_state_slots, "state_slot",
+                f"must be an int in 0 .. {self.num_state_slots - 1}, got {slot!r}")
         for i in self.config.mamba_layer_indices:
             self.conv_pool[i][slot].zero_()
             self.ssm_pool[i][slot].zero_()

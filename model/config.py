@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kernels.checks import require
+
 
 @dataclasses.dataclass(frozen=True)
 class HybridConfig:
@@ -54,26 +56,26 @@ class HybridConfig:
                      "num_key_value_heads", "head_dim", "mamba_n_heads", "mamba_d_head", "mamba_n_groups",
                      "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
                      f"must be a positive int, got {value!r}")
-        _require(all(0 <= i < self.num_hidden_layers for i in self.attn_layer_indices), "attn_layer_indices",
+        require(all(0 <= i < self.num_hidden_layers for i in self.attn_layer_indices), "attn_layer_indices",
                  f"must lie in 0 .. {self.num_hidden_layers - 1}, got {list(self.attn_layer_indices)}")
-        _require(len(set(self.attn_layer_indices)) == len(self.attn_layer_indices), "attn_layer_indices",
+        require(len(set(self.attn_layer_indices)) == len(self.attn_layer_indices), "attn_layer_indices",
                  "has duplicates")
-        _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
+        require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                  f"{self.num_key_value_heads} must divide num_attention_heads={self.num_attention_heads}")
-        _require(self.mamba_n_heads * self.mamba_d_head == self.mamba_d_inner, "mamba_d_head",
+        require(self.mamba_n_heads * self.mamba_d_head == self.mamba_d_inner, "mamba_d_head",
                  f"mamba_n_heads * mamba_d_head = {self.mamba_n_heads * self.mamba_d_head} must equal "
                  f"mamba_expand * hidden_size = {self.mamba_d_inner}")
-        _require(self.mamba_n_heads % self.mamba_n_groups == 0, "mamba_n_groups",
+        require(self.mamba_n_heads % self.mamba_n_groups == 0, "mamba_n_groups",
                  f"{self.mamba_n_groups} must divide mamba_n_heads={self.mamba_n_heads}")
-        _require(self.mamba_d_conv >= 2, "mamba_d_conv", f"must be >= 2 (the conv state holds d_conv - 1 inputs), "
+        require(self.mamba_d_conv >= 2, "mamba_d_conv", f"must be >= 2 (the conv state holds d_conv - 1 inputs), "
                  f"got {self.mamba_d_conv}")
-        _require(0.0 < self.partial_rotary_factor <= 1.0 and self.rotary_dim % 2 == 0 and self.rotary_dim > 0,
+        require(0.0 < self.partial_rotary_factor <= 1.0 and self.rotary_dim % 2 == 0 and self.rotary_dim > 0,
                  "partial_rotary_factor", f"{self.partial_rotary_factor} * head_dim {self.head_dim} must give a "
                  "positive even rotary dim")
         lo, hi = self.time_step_limit
-        _require(len(self.time_step_limit) == 2 and 0.0 <= lo <= hi, "time_step_limit",
+        require(len(self.time_step_limit) == 2 and 0.0 <= lo <= hi, "time_step_limit",
                  f"expected (lo, hi) with 0 <= lo <= hi, got {self.time_step_limit}")
 
     # derived shapes --------------------------------------------------------------------------
@@ -102,25 +104,25 @@ class HybridConfig:
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any]) -> "HybridConfig":
         """Map an HF Bamba `config.json` dict; unsupported fields or values raise naming the field."""
-        _require(hf.get("model_type") == "bamba", "model_type", f"expected 'bamba', got {hf.get('model_type')!r}")
+        require(hf.get("model_type") == "bamba", "model_type", f"expected 'bamba', got {hf.get('model_type')!r}")
         unknown = sorted(set(hf) - _HF_MATH_FIELDS - _HF_INERT_FIELDS)
-        _require(not unknown, unknown[0] if unknown else "", "config.json field not supported by HybridConfig "
+        require(not unknown, unknown[0] if unknown else "", "config.json field not supported by HybridConfig "
                  f"(it may change the math); unsupported fields: {unknown}")
-        _require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
+        require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
                  f"only 'silu' is implemented (SwiGLU and the conv activation), got {hf.get('hidden_act')!r}")
-        _require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
-        _require(hf.get("rope_scaling") is None, "rope_scaling", f"only plain RoPE is implemented, got {hf.get('rope_scaling')}")
+        require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
+        require(hf.get("rope_scaling") is None, "rope_scaling", f"only plain RoPE is implemented, got {hf.get('rope_scaling')}")
 
         # RoPE: transformers v5 keeps `rope_parameters`; v4 files carry a top-level rope_theta.
         # Both versions hardcode partial_rotary_factor = 0.5 unless rope_parameters says otherwise.
         rope = hf.get("rope_parameters") or {}
-        _require(rope.get("rope_type", rope.get("type", "default")) == "default", "rope_parameters.rope_type",
+        require(rope.get("rope_type", rope.get("type", "default")) == "default", "rope_parameters.rope_type",
                  f"only 'default' RoPE is implemented, got {rope.get('rope_type', rope.get('type'))!r}")
         unknown_rope = sorted(set(rope) - {"rope_type", "type", "rope_theta", "partial_rotary_factor"})
-        _require(not unknown_rope, f"rope_parameters.{unknown_rope[0]}" if unknown_rope else "",
+        require(not unknown_rope, f"rope_parameters.{unknown_rope[0]}" if unknown_rope else "",
                  f"RoPE field not supported: {unknown_rope}")
         top_partial = hf.get("partial_rotary_factor", 0.5)
-        _require(top_partial == 0.5, "partial_rotary_factor", "transformers' Bamba ignores a top-level value and uses "
+        require(top_partial == 0.5, "partial_rotary_factor", "transformers' Bamba ignores a top-level value and uses "
                  f"0.5; put another value in rope_parameters (got {top_partial})")
         partial = float(rope.get("partial_rotary_factor", 0.5))
         rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
@@ -131,14 +133,14 @@ class HybridConfig:
         kv_heads = hf.get("num_key_value_heads", d.num_key_value_heads)
         head_dim = int(hf.get("head_dim") or hidden // heads)
         expand = hf.get("mamba_expand", d.mamba_expand)
-        _require(float(expand).is_integer(), "mamba_expand", f"must be an integer, got {expand}")
+        require(float(expand).is_integer(), "mamba_expand", f"must be an integer, got {expand}")
         expand = int(expand)
         m_heads = int(hf.get("mamba_n_heads", d.mamba_n_heads))
         d_head = hf.get("mamba_d_head", "auto")
         d_head = expand * hidden // m_heads if d_head in ("auto", None) else int(d_head)
         rotary_dim = int(head_dim * partial)
         if "attn_rotary_emb" in hf:  # written by the original Bamba conversion; must agree with the rotary dim
-            _require(int(hf["attn_rotary_emb"]) == rotary_dim, "attn_rotary_emb",
+            require(int(hf["attn_rotary_emb"]) == rotary_dim, "attn_rotary_emb",
                      f"{hf['attn_rotary_emb']} disagrees with head_dim * partial_rotary_factor = {rotary_dim}")
         return cls(
             vocab_size=int(hf.get("vocab_size", d.vocab_size)),
@@ -203,11 +205,6 @@ class HybridConfig:
         }
 
 
-def _require(cond: bool, field: str, message: str) -> None:
-    if not cond:
-        raise ValueError(f"{field}: {message}")
-
-
 def _parse_time_step_limit(value) -> tuple[float, float]:
     """(lo, hi); transformers v5 writes infinity as {"__float__": "Infinity"}, v4 as a bare Infinity."""
     if value is None:
@@ -217,7 +214,7 @@ def _parse_time_step_limit(value) -> tuple[float, float]:
         if isinstance(v, dict) and "__float__" in v:
             v = v["__float__"]
         out.append(float(v))
-    _require(len(out) == 2, "time_step_limit", f"expected two values, got {value!r}")
+    require(len(out) == 2, "time_step_limit", f"expected two values, got {value!r}")
     return (out[0], out[1])
 
 

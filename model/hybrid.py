@@ -19,7 +19,7 @@ from torch import nn
 
 from model.attention import Attention
 from model.backends import Backend, get_backend
-from model.batch import BatchOutput, SequenceChunk, pack_rows, split_row, validate_rows
+from model.batch import BatchOutput, SequenceChunk, pack_rows, validate_rows
 from model.cache import ModelCache, SSMState
 from model.config import HybridConfig
 from model.mamba2 import Mamba2Mixer, MixerStates
@@ -170,21 +170,3 @@ class HybridLM(nn.Module):
                 k += 1
             out.append(states)
         return out
-
-    def forward_row_in_passes(self, row: SequenceChunk, cache: ModelCache) -> BatchOutput:
-        """The two-pass fallback for one row: cut at every capture offset, run the pieces one after
-        another and read the slot between them. Same logits, final state and captures as the
-        in-pass `forward_batch([row], cache)`, at the cost of one extra forward per capture."""
-        pieces, rest = [], row
-        for o in row.capture_offsets[::-1]:  # cut from the back so the offsets stay valid in `row`
-            rest, tail = split_row(rest, o)
-            pieces.insert(0, tail)
-        pieces.insert(0, rest)
-        snapshots, logits = [], []
-        for j, piece in enumerate(pieces):
-            result = self.forward_batch([piece], cache)
-            if j + 1 < len(pieces):
-                snapshots.append(cache.read_state(row.state_slot))
-            if row.all_logits or j + 1 == len(pieces):
-                logits.append(result.logits[0])
-        return BatchOutput(logits=[torch.cat(logits) if row.all_logits else logits[-1]], captured=[snapshots])

@@ -9,10 +9,8 @@ import random
 import pytest
 import torch
 
-from model.engine import Engine, EngineConfig
+from model.engine import Engine
 from model.loading import from_preset
-from model.engine import ModelRunner
-from planner.scheduler import SchedulerConfig
 from tests.model_helpers import max_abs, one_thread  # noqa: F401 (autouse fixture)
 
 LOGIT_TOL = 1e-4
@@ -25,10 +23,8 @@ def models():
 
 
 def make_engine(model, capture_mode="in_pass", decode_snapshots=False, **sched):
-    cfg = SchedulerConfig(**sched)
-    return Engine(ModelRunner(model, cfg.num_kv_blocks, cfg.block_size, cfg.max_batch_size),
-                  EngineConfig(cfg, capture_mode=capture_mode, keep_prompt_logits=True,
-                               decode_snapshots=decode_snapshots))
+    return Engine.for_model(model, capture_mode=capture_mode, keep_prompt_logits=True,
+                            decode_snapshots=decode_snapshots, **sched)
 
 
 def prompt(n, seed, vocab=256):

@@ -7,13 +7,15 @@ experiment's warm == cold criterion), and states use `STATE_ATOL`.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
-from model import SequenceChunk, SSMState, from_preset, split_row
+from model import SequenceChunk, SSMState, from_preset
 from model.batch import pack_rows
+from model.engine import ModelRunner, cut_at_captures, run_in_passes
 from model_helpers import max_abs, one_thread, tokens  # noqa: F401  (one_thread: autouse)
 
 LOGIT_ATOL = 1e-4  # fp32 logits, max abs
@@ -141,12 +143,15 @@ def test_in_pass_captures_equal_two_pass_states(tiny):
             for slot, (s, st, t, o) in enumerate(zip(seqs, starts, tables, offsets))]
     rows.append(SequenceChunk(tokens(1, 23), 0, [6], 3))  # a decode row in the same batch
     out = tiny.forward_batch(rows, in_pass_cache)
+    # the two-pass fallback on the same batch: segment k of every row runs in pass k
+    ref, passes = run_in_passes(ModelRunner(tiny, two_pass_cache), rows)
+    assert passes == 1 + max(len(o) for o in offsets)
+    assert max_abs(out.logits[3], ref.logits[3]) <= LOGIT_ATOL  # the decode row
     for r, row in enumerate(rows[:3]):
-        ref = tiny.forward_row_in_passes(row, two_pass_cache)
-        assert len(out.captured[r]) == len(ref.captured[0]) == len(row.capture_offsets)
-        for o, got, want in zip(row.capture_offsets, out.captured[r], ref.captured[0]):
+        assert len(out.captured[r]) == len(ref.captured[r]) == len(row.capture_offsets)
+        for o, got, want in zip(row.capture_offsets, out.captured[r], ref.captured[r]):
             _assert_states_close(got, want, f"row {r} capture at in-chunk offset {o}")
-        assert max_abs(out.logits[r], ref.logits[0]) <= LOGIT_ATOL
+        assert max_abs(out.logits[r], ref.logits[r]) <= LOGIT_ATOL
         assert max_abs(out.logits[r], tiny.logits(seqs[r])[starts[r]:]) <= LOGIT_ATOL
         _assert_states_close(in_pass_cache.read_state(r), two_pass_cache.read_state(r), f"row {r} final state")
 
@@ -155,7 +160,7 @@ def test_long_chunks_across_scan_chunks(tiny):
     """Chunks longer than the torch scan's 128-token chunk, captures off and on its boundaries."""
     seq = tokens(300, 40)
     table = list(range(19))
-    cache, two_pass = tiny.allocate_cache(19, 16, 2), tiny.allocate_cache(19, 16, 2)
+    cache, two_pass = tiny.allocate_cache(19, 16, 2), ModelRunner(tiny, tiny.allocate_cache(19, 16, 2))
     rows = [SequenceChunk(seq[:150], 0, table, 1, capture_offsets=(64, 128, 129), all_logits=True),
             SequenceChunk(seq[150:151], 150, table, 1, all_logits=True),
             SequenceChunk(seq[151:], 151, table, 1, capture_offsets=(100,), all_logits=True)]
@@ -163,7 +168,7 @@ def test_long_chunks_across_scan_chunks(tiny):
     got = []
     for row in rows:
         out = tiny.forward_batch([row], cache)
-        ref = tiny.forward_row_in_passes(row, two_pass)
+        ref, _ = run_in_passes(two_pass, [row])
         for o, a, b in zip(row.capture_offsets, out.captured[0], ref.captured[0]):
             _assert_states_close(a, b, f"capture at {row.start_pos + o}")
         got.append(out.logits[0])
@@ -171,14 +176,17 @@ def test_long_chunks_across_scan_chunks(tiny):
     assert err <= LOGIT_ATOL, err
 
 
-def test_split_row_moves_captures_with_theirtokens():
+def test_two_pass_cuts_a_row_at_its_capture_offsets():
     row = SequenceChunk(torch.arange(10), 5, [0, 1], 3, kv_cached_len=7, capture_offsets=(2, 6, 8), all_logits=True)
-    head, tail = split_row(row, 6)
-    assert head.token_ids.tolist() == list(range(6)) and head.start_pos == 5 and head.capture_offsets == (2,)
-    assert tail.token_ids.tolist() == list(range(6, 10)) and tail.start_pos == 11 and tail.capture_offsets == (2,)
-    assert head.kv_cached_len == tail.kv_cached_len == 7 and head.state_slot == tail.state_slot == 3
-    with pytest.raises(ValueError, match="^offset:"):
-        split_row(row, 10)
+    segments = cut_at_captures(row)
+    assert [s.token_ids.tolist() for s in segments] == [[0, 1], [2, 3, 4, 5], [6, 7], [8, 9]]
+    assert [s.start_pos for s in segments] == [5, 7, 11, 13]
+    assert all(s.capture_offsets == () for s in segments)
+    assert all(s.kv_cached_len == 7 and s.state_slot == 3 and s.block_table == [0, 1] and s.all_logits
+               for s in segments)
+    for bad in ((10,), (0,), (6, 2)):
+        with pytest.raises(ValueError, match="^capture_offsets:"):
+            cut_at_captures(dataclasses.replace(row, capture_offsets=bad))
 
 
 def test_restored_capture_continues_like_the_uninterrupted_run(tiny):

@@ -13,9 +13,7 @@ from planner.scheduler import SchedulerConfig
 
 
 def make_engine(capture_mode="in_pass", **sched):
-    cfg = SchedulerConfig(**sched)
-    runner = PlaceholderRunner(cfg.max_batch_size, cfg.num_kv_blocks, cfg.block_size)
-    return Engine(runner, EngineConfig(cfg, capture_mode=capture_mode, keep_prompt_logits=True))
+    return Engine.for_placeholder(capture_mode=capture_mode, keep_prompt_logits=True, **sched)
 
 
 def prompt(n, seed=0, vocab=1000):
@@ -92,6 +90,7 @@ def test_last_chunk_capture_modes(mode, passes):
     cold = eng.add_request(p)
     eng.run_until_done()
     assert cold.metrics.chunk_ends == [1000] and cold.metrics.prefill_passes == passes
+    assert eng.forward_passes == passes
     warm = eng.add_request(p)
     eng.run_until_done()
     if mode == "none":
@@ -100,6 +99,47 @@ def test_last_chunk_capture_modes(mode, passes):
         assert cold.metrics.snapshot_positions == [976]
         assert (warm.metrics.restore_at, warm.metrics.replayed_tokens) == (976, 24)
     assert cold.output_token_ids == warm.output_token_ids
+
+
+def test_two_pass_runs_segment_k_of_every_row_in_pass_k():
+    """Two last chunks with a capture each and a decode row share one tick: two passes, not four."""
+    eng = make_engine("two_pass", block_size=16, prefill_budget=8192, max_batch_size=3, num_kv_blocks=512,
+                      policy="aligned")
+    eng.add_request(prompt(20, 3), max_new_tokens=3, request_id="d")
+    eng.step()  # d prefilled; it decodes in the next tick
+    a, b = eng.add_request(prompt(1000, 1), request_id="a"), eng.add_request(prompt(500, 2), request_id="b")
+    passes_before = eng.forward_passes
+    eng.step()
+    assert eng.forward_passes - passes_before == 2
+    assert (a.metrics.prefill_passes, b.metrics.prefill_passes) == (2, 2)
+    assert a.metrics.snapshot_positions == [976] and b.metrics.snapshot_positions == [480]
+    eng.run_until_done()
+    warm = eng.add_request(prompt(1000, 1), request_id="warm")
+    eng.run_until_done()
+    assert (warm.metrics.restore_at, warm.output_token_ids) == (976, a.output_token_ids)
+    assert eng.prompt_logits["warm"].equal(eng.prompt_logits["a"])
+
+
+def test_factories_build_the_runner_from_the_settings_and_reject_unknown_ones():
+    eng = make_engine(block_size=4, prefill_budget=10, max_batch_size=3, num_kv_blocks=64, policy="legacy")
+    assert eng.config.scheduler == SchedulerConfig(block_size=4, prefill_budget=10, max_batch_size=3,
+                                                   num_kv_blocks=64, policy="legacy")
+    assert (len(eng.runner.slots), eng.runner.kv.shape) == (3, (64, 4))
+    explicit = Engine(PlaceholderRunner(3, 64, 4), EngineConfig(eng.config.scheduler, keep_prompt_logits=True))
+    for e in (eng, explicit):
+        e.add_request(prompt(40), max_new_tokens=3, request_id="x")
+        e.run_until_done()
+    assert eng.finished[0].output_token_ids == explicit.finished[0].output_token_ids
+    assert eng.finished[0].metrics.chunk_ends == explicit.finished[0].metrics.chunk_ends == [13, 25, 37, 40]
+    with pytest.raises(ValueError, match="^blocksize: not an engine setting"):
+        Engine.for_placeholder(blocksize=4)
+    with pytest.raises(ValueError, match="^scheduler: not an engine setting"):  # its fields are given flat
+        Engine.for_placeholder(scheduler=SchedulerConfig())
+    with pytest.raises(ValueError, match="^capture_mode:"):
+        Engine.for_placeholder(capture_mode="three_pass")
+    with pytest.raises(ValueError, match="^eviction: must be one of"):
+        Engine.for_placeholder(eviction="fifo")
+    assert Engine.for_placeholder(eviction="flop_aware").snapshots.eviction.name == "flop_aware"
 
 
 # ---------------------------------------------------------------- memory pressure
@@ -139,6 +179,8 @@ def test_bad_config():
         SchedulerConfig(prefill_budget=0)
     with pytest.raises(ValueError, match="policy"):
         SchedulerConfig(policy="x")
+    with pytest.raises(ValueError, match="^snapshot_interval_blocks:"):
+        SchedulerConfig(snapshot_interval_blocks=-1)
     with pytest.raises(ValueError, match="capture_mode"):
         EngineConfig(capture_mode="three_pass")
     with pytest.raises(ValueError, match="prompt_token_ids"):

@@ -1,13 +1,17 @@
-"""The engine layer: scheduler ticks -> one batched forward on a runner, snapshot save/restore.
+"""The engine layer: scheduler ticks -> one batched forward on a runner, snapshots saved and restored.
 
 It sits above the model core (`model.hybrid`, layers, loading, backends) and the planner; neither
 of those imports it.
+
+    engine = Engine.for_model(model, block_size=16, prefill_budget=8192, policy="aligned")
+    req = engine.add_request(ids, max_new_tokens=16); engine.run_until_done()
 """
 
-from model.engine.engine import CAPTURE_MODES, Engine, EngineConfig
+from model.engine.engine import CAPTURE_MODES, Engine, EngineConfig, to_chunk
 from model.engine.model_runner import ModelRunner
 from model.engine.placeholder_runner import PlaceholderRunner
-from model.engine.runner import Runner, RunnerOutput, RunRow
+from model.engine.runner import Runner
+from model.engine.two_pass import cut_at_captures, run_in_passes
 
-__all__ = ["CAPTURE_MODES", "Engine", "EngineConfig", "ModelRunner", "PlaceholderRunner", "Runner", "RunnerOutput",
-           "RunRow"]
+__all__ = ["CAPTURE_MODES", "Engine", "EngineConfig", "ModelRunner", "PlaceholderRunner", "Runner", "cut_at_captures",
+           "run_in_passes", "to_chunk"]

@@ -1,19 +1,20 @@
-"""The engine: runs the scheduler's ticks on a model runner, saves and restores SSM snapshots.
+"""The engine: runs the scheduler's ticks on a runner, saves snapshots and restores them.
 
 Per tick: the scheduler picks rows (decode tokens and prefill chunks); a row admitted with a
-snapshot gets it written into its state slot; the rows run as one batched forward; snapshots
-are saved where the plan says (a non-last chunk end: the slot's state after the chunk; a last
-chunk spanning the tail split point: the state at that offset); sampled tokens go back to the
-scheduler.
+restore point gets its snapshot written into its state slot; the rows run as one batched
+forward; snapshots are saved where the plan says (a non-last chunk end: the slot's state after
+the chunk; a last chunk spanning the tail split point: the capture at that offset); sampled
+tokens go back to the scheduler.
 
-A last chunk that spans a capture point runs in one of three modes:
-* ``in_pass`` - one forward; the SSM scan emits the state at the offset (a few extra writes);
-* ``two_pass`` - the fallback: the row is cut at the offset and runs as two forwards;
+A last chunk that spans a capture offset runs in one of three modes:
+* ``in_pass`` - one forward; the SSM scan emits the capture (a few extra writes);
+* ``two_pass`` - the fallback (`model.engine.two_pass`): the row is cut at the offset and its
+  pieces run one after another;
 * ``none`` - no capture (ablation: what the tail snapshot is worth).
 
-The runner is anything with `forward(rows) -> RunnerOutput` and slot state access; the real
-one wraps the hybrid model (`model.engine.model_runner.ModelRunner`), the placeholder one
-(`model.engine.placeholder_runner`) lets the planner be tested end to end without a model.
+The runner is anything with the `model.engine.runner.Runner` contract: `Engine.for_model` wraps
+the hybrid model, `Engine.for_placeholder` the model-free runner that tests the planner end to
+end in milliseconds. Both size the runner's memory from the engine's own scheduler settings.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from model.engine.runner import Runner, RunRow
+from kernels.checks import require
+from model.batch import BatchOutput, SequenceChunk
+from model.engine.model_runner import ModelRunner
+from model.engine.placeholder_runner import PlaceholderRunner
+from model.engine.runner import Runner
+from model.engine.two_pass import run_in_passes
+from model.hybrid import HybridLM
+from planner.eviction import get_eviction
 from planner.request import Request
 from planner.scheduler import ScheduledRow, Scheduler, SchedulerConfig
 from planner.snapshot_store import EvictionPolicy, SnapshotStore
@@ -35,30 +43,64 @@ CAPTURE_MODES = ("in_pass", "two_pass", "none")
 
 @dataclasses.dataclass
 class EngineConfig:
+    """The scheduler's settings plus how the engine takes captures and keeps snapshots."""
+
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
-    capture_mode: str = "in_pass"
+    capture_mode: str = "in_pass"  # one of CAPTURE_MODES
     snapshot_byte_budget: int | None = None  # None: unbounded
     keep_prompt_logits: bool = False  # keep each request's last prompt-token logits (for comparisons)
     # Also save, when a request finishes, the state at the last block boundary its KV reached
     # (usually inside the generated reply). A next chat turn extends prompt + reply, and its
     # block-floored match lands exactly there, so it replays only its new message instead of the
-    # whole previous reply. Cost: one state copy per block decoded (1.36 MB per 16 tokens for
-    # the "small" preset), one snapshot kept per request. SGLang tracks a decode state every
-    # 256 tokens for the same reason; this is the block-granular version.
+    # whole previous reply. Cost: one state copy per block decoded and one snapshot kept per
+    # request. SGLang keeps a decode state on a fixed token grid for the same reason; this is
+    # the block-granular version.
     decode_snapshots: bool = False
 
     def __post_init__(self):
-        if self.capture_mode not in CAPTURE_MODES:
-            raise ValueError(f"capture_mode: must be one of {CAPTURE_MODES}, got {self.capture_mode!r}")
+        require(self.capture_mode in CAPTURE_MODES, "capture_mode",
+                f"must be one of {CAPTURE_MODES}, got {self.capture_mode!r}")
+
+    @classmethod
+    def from_settings(cls, **settings: Any) -> "EngineConfig":
+        """Flat keyword settings, each a field of `SchedulerConfig` or of `EngineConfig`.
+
+        An unknown keyword (including `scheduler`: its fields are given flat) raises a
+        ValueError naming it.
+        """
+        scheduler_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
+        engine_fields = {f.name for f in dataclasses.fields(cls)} - {"scheduler"}
+        for name in settings:
+            require(name in scheduler_fields or name in engine_fields, name,
+                    f"not an engine setting; the settings are {sorted(scheduler_fields | engine_fields)}")
+        scheduler = SchedulerConfig(**{k: v for k, v in settings.items() if k in scheduler_fields})
+        return cls(scheduler, **{k: v for k, v in settings.items() if k in engine_fields})
+
+
+def to_chunk(row: ScheduledRow, capture_offsets: tuple[int, ...] = ()) -> SequenceChunk:
+    """The one conversion from the scheduler's row to the model's row (what every runner takes)."""
+    return SequenceChunk(token_ids=torch.tensor(row.token_ids, dtype=torch.long), start_pos=row.start_pos,
+                         block_table=row.request.lease.block_ids, state_slot=row.request.slot,
+                         kv_cached_len=row.kv_cached_len, capture_offsets=tuple(capture_offsets))
 
 
 class Engine:
-    def __init__(self, runner: Runner, config: EngineConfig, eviction: EvictionPolicy | None = None,
+    """Drives a scheduler and a runner: one batched forward per tick, snapshots saved and restored.
+
+    `forward_passes` counts the runner's forwards (a two-pass tick counts each pass);
+    `prompt_logits` holds each request's last prompt-token logits when the config keeps them.
+    """
+
+    def __init__(self, runner: Runner, config: EngineConfig, eviction: EvictionPolicy | str | None = None,
                  snapshot_flops: Callable[[int], float] | None = None,
                  clock: Callable[[], float] = time.perf_counter):
+        """`eviction`: a policy or its name (`planner.eviction.EVICTION_POLICIES`; default LRU);
+        `snapshot_flops(position)`: the prefill FLOPs a snapshot at `position` spares (default:
+        the position), stamped on each snapshot for FLOP-aware eviction."""
         self.runner = runner
         self.config = config
-        self.snapshots = SnapshotStore(config.scheduler.block_size, config.snapshot_byte_budget, eviction)
+        self.snapshots = SnapshotStore(config.scheduler.block_size, config.snapshot_byte_budget,
+                                       get_eviction(eviction) if eviction is not None else None)
         self.scheduler = Scheduler(config.scheduler, self.snapshots)
         self.snapshot_flops = snapshot_flops or (lambda position: float(position))
         self.clock = clock
@@ -68,15 +110,44 @@ class Engine:
         self._ids = itertools.count()
         self._boundary_states: dict[str, tuple[int, Any]] = {}  # request id -> last block-aligned state
 
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def for_model(cls, model: HybridLM, *, eviction: EvictionPolicy | str | None = None,
+                  snapshot_flops: Callable[[int], float] | None = None,
+                  clock: Callable[[], float] = time.perf_counter, **settings: Any) -> "Engine":
+        """An engine over the hybrid model, its KV pool and state slots sized from `settings`.
+
+        `settings` are flat keywords of `SchedulerConfig` (block_size, prefill_budget,
+        max_batch_size, num_kv_blocks, policy, snapshot_interval_blocks, ...) and `EngineConfig`
+        (capture_mode, snapshot_byte_budget, keep_prompt_logits, decode_snapshots).
+        """
+        config = EngineConfig.from_settings(**settings)
+        s = config.scheduler
+        runner = ModelRunner(model, model.allocate_cache(s.num_kv_blocks, s.block_size, s.max_batch_size))
+        return cls(runner, config, eviction, snapshot_flops, clock)
+
+    @classmethod
+    def for_placeholder(cls, *, vocab_size: int = 64, snapshot_nbytes: int = 1 << 20,
+                        eviction: EvictionPolicy | str | None = None,
+                        snapshot_flops: Callable[[int], float] | None = None,
+                        clock: Callable[[], float] = time.perf_counter, **settings: Any) -> "Engine":
+        """An engine over the model-free `PlaceholderRunner` (settings as in `for_model`)."""
+        config = EngineConfig.from_settings(**settings)
+        s = config.scheduler
+        runner = PlaceholderRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, vocab_size, snapshot_nbytes)
+        return cls(runner, config, eviction, snapshot_flops, clock)
+
     # ------------------------------------------------------------------ intake
     def add_request(self, prompt_token_ids: Sequence[int], max_new_tokens: int = 1, request_id: str | None = None,
                     eos_token_id: int | None = None) -> Request:
+        """Queue a request; its metrics (restore point, replayed tokens, TTFT, ...) fill in as it runs."""
         req = Request(request_id or f"req-{next(self._ids)}", list(prompt_token_ids), max_new_tokens, eos_token_id)
         self.scheduler.add_request(req)
         req.metrics.arrival_s = self.clock()
         return req
 
     def run_until_done(self, max_ticks: int | None = None) -> list[Request]:
+        """Step until no request is left (or `max_ticks` ticks ran); returns every finished request."""
         ticks = 0
         while self.scheduler.has_work:
             self.step()
@@ -87,6 +158,7 @@ class Engine:
 
     # ------------------------------------------------------------------ one tick
     def step(self) -> list[Request]:
+        """One tick: restore, forward, save snapshots, sample; returns the requests it finished."""
         out = self.scheduler.schedule()
         if not out.rows:
             if self.scheduler.has_work:
@@ -95,9 +167,35 @@ class Engine:
         for row in out.rows:
             if row.restore is not None:
                 self.runner.write_state(row.request.slot, row.restore.state)
-        logits, captured = self._run(out.rows)
+        result = self._run(out.rows)
+        sampled = self._sample_and_save(out.rows, result)
+        if self.config.decode_snapshots and self.config.scheduler.enable_prefix_caching:
+            self._track_boundary_states(out.rows)
+        finished = self.scheduler.update(out, sampled)
+        for req in finished:
+            self._save_boundary_state(req)
+        self._stamp_times(out.rows, finished)
+        self.finished.extend(finished)
+        return finished
+
+    def _run(self, rows: list[ScheduledRow]) -> BatchOutput:
+        """Run the tick's rows in the configured capture mode; per row its logits and captures."""
+        mode = self.config.capture_mode
+        chunks = [to_chunk(row, () if row.is_decode or mode == "none" else row.plan.capture_offsets) for row in rows]
+        for row, chunk in zip(rows, chunks):
+            if not row.is_decode:
+                row.request.metrics.prefill_passes += 1 + (len(chunk.capture_offsets) if mode == "two_pass" else 0)
+        if mode == "two_pass":
+            out, passes = run_in_passes(self.runner, chunks)
+        else:
+            out, passes = self.runner.forward(chunks), 1
+        self.forward_passes += passes
+        return out
+
+    def _sample_and_save(self, rows: list[ScheduledRow], result: BatchOutput) -> dict[str, int | None]:
+        """Save each prefill row's snapshots; greedy-sample rows that produce a token (None mid-prompt)."""
         sampled: dict[str, int | None] = {}
-        for row, row_logits, row_captured in zip(out.rows, logits, captured):
+        for row, row_logits, row_captured in zip(rows, result.logits, result.captured):
             req = row.request
             if not row.is_decode:
                 self._save_snapshots(row, row_captured)
@@ -105,52 +203,18 @@ class Engine:
             sampled[req.request_id] = int(torch.argmax(row_logits)) if produces_token else None
             if produces_token and not row.is_decode and self.config.keep_prompt_logits:
                 self.prompt_logits[req.request_id] = row_logits.detach().clone()
-        if self.config.decode_snapshots and self.config.scheduler.enable_prefix_caching:
-            self._track_boundary_states(out.rows)
-        finished = self.scheduler.update(out, sampled)
-        for req in finished:
-            self._save_boundary_state(req)
+        return sampled
+
+    def _stamp_times(self, rows: list[ScheduledRow], finished: list[Request]) -> None:
         now = self.clock()
-        for row in out.rows:
+        for row in rows:
             m = row.request.metrics
             if m.first_token_s is None and row.request.output_token_ids:
                 m.first_token_s = now
         for req in finished:
             req.metrics.finish_s = now
-        self.finished.extend(finished)
-        return finished
 
-    def _runner_row(self, row: ScheduledRow, begin: int, end: int, captures: tuple[int, ...]) -> RunRow:
-        return RunRow(row.token_ids[begin:end], row.start_pos + begin, row.request.lease.block_ids,
-                      row.request.slot, row.kv_cached_len, captures)
-
-    def _run(self, rows: list[ScheduledRow]) -> tuple[list[torch.Tensor], list[list[Any]]]:
-        """Run the tick's rows; returns last-token logits and captured states per row."""
-        mode = self.config.capture_mode
-        offsets = [() if row.is_decode or mode == "none" else row.plan.capture_offsets for row in rows]
-        for row, offs in zip(rows, offsets):
-            if not row.is_decode:
-                row.request.metrics.prefill_passes += 1 + (len(offs) if mode == "two_pass" else 0)
-        if mode != "two_pass" or not any(offsets):
-            self.forward_passes += 1
-            out = self.runner.forward([self._runner_row(r, 0, r.num_tokens, o) for r, o in zip(rows, offsets)])
-            return out.logits, out.captured
-        # Two passes: cut each capturing row at its offsets; segment k of every row runs in pass k,
-        # and the slot's state after a non-final segment is the captured state.
-        cuts = [(0, *o, r.num_tokens) for r, o in zip(rows, offsets)]
-        logits: list[torch.Tensor | None] = [None] * len(rows)
-        captured: list[list[Any]] = [[] for _ in rows]
-        for k in range(max(len(c) - 1 for c in cuts)):
-            active = [i for i, c in enumerate(cuts) if k < len(c) - 1]
-            self.forward_passes += 1
-            out = self.runner.forward([self._runner_row(rows[i], cuts[i][k], cuts[i][k + 1], ()) for i in active])
-            for i, row_logits in zip(active, out.logits):
-                if k + 1 < len(cuts[i]) - 1:
-                    captured[i].append(self.runner.read_state(rows[i].request.slot))
-                else:
-                    logits[i] = row_logits
-        return logits, captured
-
+    # ------------------------------------------------------------------ snapshots
     def _track_boundary_states(self, rows: list[ScheduledRow]) -> None:
         """Keep a copy of the slot state of every row that finished on a block boundary.
 
@@ -164,15 +228,11 @@ class Engine:
 
     def _save_boundary_state(self, req: Request) -> None:
         tracked = self._boundary_states.pop(req.request_id, None)
-        if tracked is None:
-            return
-        position, state = tracked
-        if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
-                               flops_saved=self.snapshot_flops(position)):
-            req.metrics.snapshot_positions.append(position)
-            req.metrics.snapshot_bytes += int(state.nbytes)
+        if tracked is not None:
+            self._save(req, *tracked)
 
     def _save_snapshots(self, row: ScheduledRow, captured: list[Any]) -> None:
+        """Save the row's captures and, where the plan says, the slot state after the chunk."""
         if not self.config.scheduler.enable_prefix_caching:
             return  # nothing could ever restore them
         req, plan = row.request, row.plan
@@ -180,7 +240,10 @@ class Engine:
         if plan.snapshot_at_end:
             saves.append((plan.end, self.runner.read_state(req.slot)))
         for position, state in saves:
-            if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
-                                   flops_saved=self.snapshot_flops(position)):
-                req.metrics.snapshot_positions.append(position)
-                req.metrics.snapshot_bytes += int(state.nbytes)
+            self._save(req, position, state)
+
+    def _save(self, req: Request, position: int, state: Any) -> None:
+        if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
+                               flops_saved=self.snapshot_flops(position)):
+            req.metrics.snapshot_positions.append(position)
+            req.metrics.snapshot_bytes += int(state.nbytes)

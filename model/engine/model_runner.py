@@ -1,8 +1,8 @@
-"""The engine's runner over the hybrid model: engine rows in, one batched forward, logits out.
+"""The engine's runner over the hybrid model: `SequenceChunk` rows in, one batched forward, logits out.
 
-It owns the model's inference memory (`ModelCache`: paged KV per attention layer, SSM/conv
-state pools per Mamba layer), sized from the scheduler's block pool and batch slots, and
-exposes slot state for snapshots.
+It pairs the model with its inference memory (`ModelCache`: paged KV per attention layer,
+SSM/conv state pools per Mamba layer) and exposes a slot's state for snapshots.
+`Engine.for_model` allocates that cache from the scheduler's block pool and batch slots.
 """
 
 from __future__ import annotations
@@ -11,43 +11,35 @@ from typing import Sequence
 
 import torch
 
-from model.batch import SequenceChunk
-from model.cache import SSMState
-from model.engine.runner import RunnerOutput, RunRow
+from model.batch import BatchOutput, SequenceChunk
+from model.cache import ModelCache, SSMState
 from model.hybrid import HybridLM
 
 
 class ModelRunner:
-    def __init__(self, model: HybridLM, num_blocks: int, block_size: int, num_slots: int):
+    """The hybrid model over one `ModelCache` (allocate it with `model.allocate_cache`)."""
+
+    def __init__(self, model: HybridLM, cache: ModelCache):
         self.model = model
-        self.cache = model.allocate_cache(num_blocks, block_size, num_slots)
+        self.cache = cache
         self.tokens_run = 0
 
     @torch.inference_mode()
-    def forward(self, rows: Sequence[RunRow]) -> RunnerOutput:
-        device = self.model.device
-        chunks = [
-            SequenceChunk(
-                token_ids=torch.tensor(r.token_ids, dtype=torch.long, device=device),
-                start_pos=r.start_pos,
-                block_table=r.block_table,
-                state_slot=r.state_slot,
-                kv_cached_len=r.kv_cached_len,
-                capture_offsets=tuple(r.capture_offsets),
-            )
-            for r in rows
-        ]
-        out = self.model.forward_batch(chunks, self.cache)
-        self.tokens_run += sum(len(r.token_ids) for r in rows)
-        captured = out.captured if out.captured else [[] for _ in rows]
-        return RunnerOutput(logits=out.logits, captured=captured)
+    def forward(self, rows: Sequence[SequenceChunk]) -> BatchOutput:
+        """`model.forward_batch` over the cache; see `SequenceChunk` for the row contract."""
+        out = self.model.forward_batch(list(rows), self.cache)
+        self.tokens_run += sum(r.num_tokens for r in rows)
+        return out
 
     def read_state(self, slot: int) -> SSMState:
+        """A detached copy of the slot's state: the snapshot to save."""
         return self.cache.read_state(slot)
 
     def write_state(self, slot: int, state: SSMState) -> None:
+        """Restore a snapshot into the slot."""
         self.cache.write_state(slot, state)
 
     @property
     def snapshot_nbytes(self) -> int:
+        """Bytes of one snapshot of this model."""
         return self.cache.state_bytes_per_slot

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from model.engine.runner import RunnerOutput, RunRow
+from model.batch import BatchOutput, SequenceChunk
 
 _MOD = 2_147_483_647  # 2^31 - 1: h * 1_000_003 stays below 2^53, exact in float64
 
@@ -27,12 +27,16 @@ def _roll(h: int, token: int) -> int:
 
 @dataclasses.dataclass
 class PlaceholderState:
+    """The placeholder's SSM state: the position reached and the hash of the tokens consumed."""
+
     position: int
     hash: int
     nbytes: int  # what a real snapshot of the modelled layers would take
 
 
 class PlaceholderRunner:
+    """A runner whose state is a token hash: it checks restores, slots and KV without a model."""
+
     def __init__(self, num_slots: int, num_blocks: int, block_size: int, vocab_size: int = 64,
                  snapshot_nbytes: int = 1 << 20):
         self.block_size = block_size
@@ -43,9 +47,11 @@ class PlaceholderRunner:
         self.tokens_run = 0
 
     def read_state(self, slot: int) -> PlaceholderState:
+        """A copy of the slot's (position, hash): the snapshot to save."""
         return dataclasses.replace(self.slots[slot])
 
     def write_state(self, slot: int, state: PlaceholderState) -> None:
+        """Restore a snapshot into the slot."""
         self.slots[slot] = dataclasses.replace(state)
 
     def _kv_prefix_hash(self, block_table: Sequence[int], length: int) -> int:
@@ -58,31 +64,37 @@ class PlaceholderRunner:
             h = _roll(h, token)
         return h
 
-    def forward(self, rows: Sequence[RunRow]) -> RunnerOutput:
+    def forward(self, rows: Sequence[SequenceChunk]) -> BatchOutput:
+        """Check each row against its slot and KV, consume its tokens; one-hot logits of the hash."""
         logits, captured = [], []
         for row in rows:
-            state = PlaceholderState(0, 0, self.snapshot_nbytes) if row.start_pos == 0 else self.slots[row.state_slot]
-            if state.position != row.start_pos:
-                raise AssertionError(f"slot {row.state_slot} holds position {state.position}, row starts at {row.start_pos}")
-            if len(row.block_table) * self.block_size < row.start_pos + len(row.token_ids):
-                raise AssertionError("block table too short for the row")
-            if self._kv_prefix_hash(row.block_table, row.start_pos) != state.hash:
-                raise AssertionError(f"KV prefix and SSM state disagree at position {row.start_pos}")
-            h, row_captured = state.hash, []
-            for i, token in enumerate(row.token_ids):
-                if i in row.capture_offsets:
-                    row_captured.append(PlaceholderState(row.start_pos + i, h, self.snapshot_nbytes))
-                pos = row.start_pos + i
-                block, offset = row.block_table[pos // self.block_size], pos % self.block_size
-                if pos >= row.kv_cached_len:
-                    self.kv[block, offset] = token
-                elif int(self.kv[block, offset]) != token:
-                    raise AssertionError(f"cached KV at position {pos} holds another token")
-                h = _roll(h, token)
-            self.slots[row.state_slot] = PlaceholderState(row.start_pos + len(row.token_ids), h, self.snapshot_nbytes)
-            self.tokens_run += len(row.token_ids)
+            h, row_captured = self._run_row(row)
             one_hot = torch.zeros(self.vocab_size)
             one_hot[h % self.vocab_size] = 1.0
             logits.append(one_hot)
             captured.append(row_captured)
-        return RunnerOutput(logits, captured)
+        return BatchOutput(logits, captured)
+
+    def _run_row(self, row: SequenceChunk) -> tuple[int, list[PlaceholderState]]:
+        tokens = row.token_ids.tolist()
+        state = PlaceholderState(0, 0, self.snapshot_nbytes) if row.start_pos == 0 else self.slots[row.state_slot]
+        if state.position != row.start_pos:
+            raise AssertionError(f"slot {row.state_slot} holds position {state.position}, row starts at {row.start_pos}")
+        if len(row.block_table) * self.block_size < row.start_pos + len(tokens):
+            raise AssertionError("block table too short for the row")
+        if self._kv_prefix_hash(row.block_table, row.start_pos) != state.hash:
+            raise AssertionError(f"KV prefix and SSM state disagree at position {row.start_pos}")
+        h, row_captured = state.hash, []
+        for i, token in enumerate(tokens):
+            if i in row.capture_offsets:
+                row_captured.append(PlaceholderState(row.start_pos + i, h, self.snapshot_nbytes))
+            pos = row.start_pos + i
+            block, offset = row.block_table[pos // self.block_size], pos % self.block_size
+            if pos >= row.kv_cached_len:
+                self.kv[block, offset] = token
+            elif int(self.kv[block, offset]) != token:
+                raise AssertionError(f"cached KV at position {pos} holds another token")
+            h = _roll(h, token)
+        self.slots[row.state_slot] = PlaceholderState(row.start_pos + len(tokens), h, self.snapshot_nbytes)
+        self.tokens_run += len(tokens)
+        return h, row_captured

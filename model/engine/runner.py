@@ -1,35 +1,28 @@
 """The runner contract: what the engine asks of whatever executes its rows (the hybrid model,
-or the model-free placeholder)."""
+or the model-free placeholder).
+
+A runner takes the model core's own row type, `model.batch.SequenceChunk`, and answers with
+its `BatchOutput`: the engine converts a scheduled row into a `SequenceChunk` once
+(`model.engine.engine.to_chunk`) and every runner reads the same fields. A runner's state is
+its own type (the model's `SSMState`, the placeholder's hash); the engine only copies it between
+a slot and the snapshot store and reads its `.nbytes`.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Protocol, Sequence
 
-import torch
-
-
-@dataclasses.dataclass
-class RunRow:
-    """One row of a forward pass, in the terms a runner needs."""
-
-    token_ids: list[int]
-    start_pos: int
-    block_table: list[int]
-    state_slot: int
-    kv_cached_len: int
-    capture_offsets: tuple[int, ...] = ()
-
-
-@dataclasses.dataclass
-class RunnerOutput:
-    logits: list[torch.Tensor]  # per row: (vocab,) logits of its last token
-    captured: list[list[Any]]  # per row: one state per capture offset
+from model.batch import BatchOutput, SequenceChunk
 
 
 class Runner(Protocol):
-    def forward(self, rows: Sequence[RunRow]) -> RunnerOutput: ...
+    """Executes one batched forward over rows and exposes the per-slot SSM state."""
 
-    def read_state(self, slot: int) -> Any: ...  # a detached copy with .nbytes
+    def forward(self, rows: Sequence[SequenceChunk]) -> BatchOutput:
+        """Run every row once; per row: its last-token logits and one state per capture offset."""
 
-    def write_state(self, slot: int, state: Any) -> None: ...
+    def read_state(self, slot: int) -> Any:
+        """A detached copy (with `.nbytes`) of the state in `slot`: what a snapshot holds."""
+
+    def write_state(self, slot: int, state: Any) -> None:
+        """Restore a snapshot into `slot`, so the next row there resumes from it."""
