@@ -1,0 +1,202 @@
+"""Import layering, checked on the source with `ast` (nothing is imported).
+
+The layers, bottom up (an arrow may only point down or sideways within a layer):
+
+* `kernels/` imports nothing of `model/`, `planner/`, `experiments/`;
+* `planner/` imports no model code; of `kernels/` only `kernels.checks`;
+* the model core (`model/` outside `model/engine/`) imports neither `model.engine` nor `planner`;
+* `model/engine/` may import the model core, the planner and the kernels;
+* `experiments/` may import everything.
+
+And no module takes a private name (`_name`) from another project module: neither
+`from x import _y` nor `x._y` on a module it imported. Every violation is reported as
+file:line, not only the first.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("kernels", "model", "planner", "experiments")
+
+# What each layer may import from the project (a module is matched by its dotted name or a prefix).
+ALLOWED = {
+    "kernels": ("kernels",),
+    "planner": ("planner", "kernels.checks"),
+    "model": ("model", "kernels"),
+    "engine": ("model", "planner", "kernels"),
+    "experiments": PACKAGES,
+}
+FORBIDDEN_IN_MODEL_CORE = ("model.engine",)
+
+# Known violations of the tree this test was written on, as "path: message" (the line left out,
+# so edits elsewhere in the file do not move them). Delete entries as they are fixed: the test
+# fails on an entry that no longer occurs.
+KNOWN_VIOLATIONS: frozenset[str] = frozenset({
+    # removed by the kernels reorganization (the `kernels` branch): shared checks taken privately
+    "kernels/causal_conv1d.py: imports private name _fail from kernels.reference.ssd",
+    "kernels/conv1d_decode.py: imports private name _fail from kernels.reference.ssd",
+    "kernels/reference/conv1d.py: imports private name _check_tensor from kernels.reference.ssd",
+    "kernels/reference/conv1d.py: imports private name _fail from kernels.reference.ssd",
+    # the benchmark times the bare launch through the kernel's internals; removed when
+    # kernels.paged_attention exposes them (kernels reorganization) and the benchmark uses those
+    "experiments/bench_paged_attention.py: uses private name _launch of kernels.paged_attention",
+    "experiments/bench_paged_attention.py: uses private name _choose_config of kernels.paged_attention",
+    "experiments/bench_paged_attention.py: uses private name _is_decode of kernels.paged_attention",
+    "experiments/bench_paged_attention.py: uses private name _sm_count of kernels.paged_attention",
+})
+
+
+def _without_line(violation: str) -> str:
+    path, _line, message = violation.split(":", 2)
+    return f"{path}:{message}"
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a dotted module name of this project, or None for a module outside it."""
+    top = module.split(".")[0]
+    if top not in PACKAGES:
+        return None
+    if module == "model.engine" or module.startswith("model.engine."):
+        return "engine"
+    return top
+
+
+def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _is_module(dotted: str, root: pathlib.Path) -> bool:
+    base = root.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _resolve_from(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    """The absolute module of `from ... import`, relative levels resolved against the importer."""
+    if not node.level:
+        return node.module or ""
+    parts = importer.split(".")
+    base = parts if is_package else parts[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _arrow_allowed(importer_layer: str, target: str) -> bool:
+    if importer_layer == "model" and any(target == f or target.startswith(f + ".") for f in FORBIDDEN_IN_MODEL_CORE):
+        return False
+    return any(target == a or target.startswith(a + ".") for a in ALLOWED[importer_layer])
+
+
+def check_source(source: str, importer: str, path: str, root: pathlib.Path = REPO,
+                 is_package: bool = False) -> list[str]:
+    """Every layering or private-name violation in one module's source, as "path:line: message"."""
+    tree = ast.parse(source, filename=path)
+    importer_layer = layer_of(importer)
+    out: list[str] = []
+    module_aliases: dict[str, str] = {}  # local name -> project module it is bound to
+
+    def arrow(target: str, line: int) -> None:
+        if layer_of(target) is not None and importer_layer is not None and not _arrow_allowed(importer_layer, target):
+            out.append(f"{path}:{line}: {importer_layer} layer imports {target}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                arrow(alias.name, node.lineno)
+                if layer_of(alias.name) is not None:
+                    if alias.asname:
+                        module_aliases[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        module_aliases[top] = top
+                private = [p for p in alias.name.split(".") if _is_private(p)]
+                if private and layer_of(alias.name) is not None:
+                    out.append(f"{path}:{node.lineno}: imports private module {alias.name}")
+        elif isinstance(node, ast.ImportFrom):
+            source_module = _resolve_from(node, importer, is_package)
+            if layer_of(source_module) is None:
+                continue
+            for alias in node.names:
+                target = f"{source_module}.{alias.name}"
+                target = target if _is_module(target, root) else source_module
+                arrow(target, node.lineno)
+                if _is_private(alias.name) and source_module != importer:
+                    out.append(f"{path}:{node.lineno}: imports private name {alias.name} from {source_module}")
+                if _is_module(f"{source_module}.{alias.name}", root):
+                    module_aliases[alias.asname or alias.name] = f"{source_module}.{alias.name}"
+    for node in ast.walk(tree):  # x._y where x is a project module bound by an import
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.insert(0, value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in module_aliases:
+                owner = ".".join([module_aliases[value.id], *chain])
+                if owner != importer:
+                    out.append(f"{path}:{node.lineno}: uses private name {node.attr} of {owner}")
+    return sorted(out, key=lambda v: int(v.split(":")[1]))  # by line; stable for one line
+
+
+def violations(root: pathlib.Path = REPO) -> list[str]:
+    """Every violation under the project's packages, sorted by file and line."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            found += check_source(path.read_text(), module_name(path, root), rel, root, path.name == "__init__.py")
+    return found
+
+
+def test_no_import_points_the_wrong_way_and_no_private_name_is_imported():
+    found = violations()
+    unexpected = [v for v in found if _without_line(v) not in KNOWN_VIOLATIONS]
+    assert not unexpected, "layering violations:\n" + "\n".join(unexpected)
+    stale = sorted(KNOWN_VIOLATIONS - {_without_line(v) for v in found})
+    assert not stale, "KNOWN_VIOLATIONS lists entries that are gone (delete them):\n" + "\n".join(stale)
+
+
+def test_the_checker_finds_every_kind_of_violation():
+    """The checker itself: each rule fires on a synthetic module, and allowed arrows pass."""
+    cases = {
+        ("kernels.fake", "from model.batch import SequenceChunk\n"): "kernels layer imports model.batch",
+        ("kernels.fake", "import planner.scheduler\n"): "kernels layer imports planner.scheduler",
+        ("kernels.fake", "def f():\n    from experiments import results_io\n"):
+            "kernels layer imports experiments.results_io",
+        ("planner.fake", "from model.cache import SSMState\n"): "planner layer imports model.cache",
+        ("planner.fake", "from kernels.ssd_scan import ssd_scan\n"): "planner layer imports kernels.ssd_scan",
+        ("model.fake", "from model.engine import Engine\n"): "model layer imports model.engine",
+        ("model.fake", "from model import engine\n"): "model layer imports model.engine",
+        ("model.fake", "from planner.scheduler import Scheduler\n"): "model layer imports planner.scheduler",
+        ("model.engine.fake", "import experiments.engine_runs\n"): "engine layer imports experiments.engine_runs",
+        ("model.fake", "from model.batch import _is_int\n"): "imports private name _is_int from model.batch",
+        ("model.engine.fake", "from .engine import _x\n"): "imports private name _x from model.engine.engine",
+        ("experiments.fake", "import model.batch as mb\nmb._is_int(1)\n"): "uses private name _is_int of model.batch",
+        ("experiments.fake", "import model.batch\nmodel.batch._is_int(1)\n"):
+            "uses private name _is_int of model.batch",
+    }
+    for (module, source), expected in cases.items():
+        found = check_source(source, module, "fake.py")
+        assert len(found) == 1 and found[0].startswith("fake.py:") and found[0].endswith(expected), (source, found)
+    allowed = {
+        "kernels.fake": "from kernels.checks import require\nimport torch\n",
+        "planner.fake": "from kernels.checks import require\nfrom planner.block_pool import BlockPool\n",
+        "model.fake": "from kernels.ssd_scan import ssd_scan\nfrom model.cache import ModelCache\n",
+        "model.engine.fake": "from model.hybrid import HybridLM\nfrom planner.scheduler import Scheduler\n",
+        "experiments.fake": "from model.engine import Engine\nfrom planner.eviction import get_eviction\n"
+                            "import torch\ntorch._C\nself = 1\n",
+    }
+    for module, source in allowed.items():
+        assert check_source(source, module, "fake.py") == [], (module, source)
+    # two violations in one file are both reported, with their lines
+    two = check_source("import os\nfrom model.hybrid import HybridLM\nfrom planner.request import _x\n",
+                       "kernels.fake", "k.py")
+    assert [v.split(": ")[0] for v in two] == ["k.py:2", "k.py:3", "k.py:3"]
