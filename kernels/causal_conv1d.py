@@ -22,9 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.compile_check import KernelVariant
-from kernels.reference.conv1d import Conv1dOutput, check_conv1d_args
-from kernels.reference.ssd import _fail, build_chunk_table
+from kernels.checks import require
+from kernels.contracts.conv1d import Conv1dOutput, check_conv1d_args
+from kernels.contracts.varlen import build_chunk_table
+from kernels.variants import KernelVariant
 
 __all__ = ["causal_conv1d", "Conv1dOutput"]
 
@@ -131,8 +132,7 @@ def causal_conv1d(
     seqlens, offsets = check_conv1d_args(x, weight, bias, cu_seqlens, initial_states, capture_offsets, activation)
     T, D = x.shape
     W = weight.shape[1]
-    if W != WIDTH:
-        _fail("weight", f"the Triton kernel needs width W={WIDTH}, got {W} (the reference takes any W)")
+    require(W == WIDTH, "weight", f"the Triton kernel needs width W={WIDTH}, got {W} (the reference takes any W)")
     dev = x.device
     out = _empty((T, D), x.dtype, dev)
     S = len(seqlens)

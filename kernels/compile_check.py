@@ -6,8 +6,8 @@ each variant with Triton's own compiler for sm_90 and sm_80 and reads the cubin'
 usage with the bundled `cuobjdump` and `ptxas -v`.
 
 Each kernel module in this package registers its variants with a module-level function
-``compile_variants() -> list[KernelVariant]``; this file discovers them, so adding a kernel
-file needs no edit here.
+``compile_variants() -> list[KernelVariant]`` (`kernels.variants`); this file discovers them, so
+adding a kernel file needs no edit here.
 
 Run it in a process *without* TRITON_INTERPRET (the decorator picks interpreter or JIT at
 import time):
@@ -31,22 +31,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+
+from kernels.variants import KernelVariant
 
 TARGETS = ((90, "sm_90"), (80, "sm_80"))
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelVariant:
-    """One specialization of a `@triton.jit` function, as the launcher would build it."""
-
-    name: str  # readable id, e.g. "paged_attention/decode/bf16/d128/bs16"
-    fn: Any  # the triton.JITFunction
-    signature: dict[str, str]  # arg name -> "*fp32", "i32", "constexpr", ...
-    constexprs: dict[str, Any]  # constexpr arg name -> value
-    num_warps: int = 4
-    num_stages: int = 2
-    divisible_by_16: tuple[str, ...] = ()  # args the launcher guarantees are multiples of 16
 
 
 @dataclasses.dataclass

@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.compile_check import KernelVariant
-from kernels.reference.conv1d import check_conv1d_decode_args
-from kernels.reference.ssd import _fail
+from kernels.checks import require
+from kernels.contracts.conv1d import check_conv1d_decode_args
+from kernels.variants import KernelVariant
 
 __all__ = ["causal_conv1d_decode_step"]
 
@@ -70,10 +70,8 @@ def causal_conv1d_decode_step(
     weight (D, 4), bias (D,) or None. Returns y (S, D) in x's dtype."""
     check_conv1d_decode_args(x, conv_state_pool, weight, bias, slot_idx, activation, check_slots)
     S, D = x.shape
-    if weight.shape[1] != WIDTH:
-        _fail("weight", f"the Triton kernel needs width W={WIDTH}, got {weight.shape[1]}")
-    if not conv_state_pool.is_contiguous():
-        _fail("conv_state_pool", "must be contiguous (updated in place)")
+    require(weight.shape[1] == WIDTH, "weight", f"the Triton kernel needs width W={WIDTH}, got {weight.shape[1]}")
+    require(conv_state_pool.is_contiguous(), "conv_state_pool", "must be contiguous (updated in place)")
     y = _empty((S, D), x.dtype, x.device)
     if S == 0:
         return y

@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference.paged_attention import check_kv_cache_write_args
+from kernels.contracts.paged_attention import check_kv_cache_write_args
+from kernels.variants import KernelVariant
 
 # Elements of one (BLOCK_H, HEAD_DIM_PAD) tile: 2048 keeps a program at 16 values a thread
 # (4 warps) for K and V together, with no loop.
@@ -105,8 +106,6 @@ def write_kv_cache(
 
 def compile_variants():
     """The model's KV shapes (bamba-9b 8 x 128, small 1 x 64, tiny 2 x 16) and 8 x 80 (masked)."""
-    from kernels.compile_check import KernelVariant
-
     variants = []
     for dtype, num_kv_heads, head_dim in (("bf16", 8, 128), ("fp16", 8, 128), ("fp32", 8, 128), ("bf16", 1, 64),
                                           ("fp32", 1, 64), ("bf16", 8, 80), ("fp32", 2, 16)):

@@ -1,7 +1,12 @@
 """Paged attention for a varlen batch: prefill chunks over a cached prefix, and decode, in one call.
 
 Layout: ``key_cache``/``value_cache`` ``(num_blocks, block_size, num_kv_heads, head_dim)``; see
-`kernels.reference.paged_attention` for the full contract and the fp32 oracle.
+`kernels.contracts.paged_attention` for the full contract and `kernels.reference.paged_attention`
+for the fp32 oracle.
+
+Calls: `paged_attention(...)` checks its arguments and launches. The same call in two steps,
+`plan(...)` (the checks, one host sync, and the `LaunchConfig`) then `launch(plan, ...)`, lets a
+caller time the launch alone or read the config it will run (the benchmark does both).
 
 Design: one attention kernel, two tile configurations, and a split-K merge kernel.
 
@@ -23,7 +28,7 @@ Design: one attention kernel, two tile configurations, and a split-K merge kerne
   (acc, running max, running sum) to fp32 workspace; `paged_attention_merge_kernel` combines them.
 
 Why one kernel and not two. Decode and prefill differ in shape, not in algorithm, so they differ
-here only in constexprs picked by `_choose_config`:
+here only in constexprs picked by `choose_config`:
 
 * decode (every sequence's queries fit one 16-row tile: q_len <= 4 at 32/8 heads): BLOCK_M = 16,
   the MMA minimum; 12 of 16 rows idle at q_len 1, but a 16-row tile does 16 FLOP per K/V byte
@@ -37,7 +42,7 @@ here only in constexprs picked by `_choose_config`:
 A second decode kernel would duplicate the softmax and the paging for no algorithmic difference;
 the per-config register and shared-memory numbers are in the compile-check table
 (`python -m kernels.compile_check --filter paged_attention`). GPU timings are pending: the
-machine that wrote this had no GPU (see `experiments/bench_paged_attention.py`).
+machine that wrote this had no GPU (see `experiments/bench/paged_attention.py`).
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference.paged_attention import PagedAttentionMeta, check_paged_attention_args
+from kernels.contracts.paged_attention import PagedAttentionMeta, check_paged_attention_args
+from kernels.variants import KernelVariant
 
 # A finite "minus infinity" for the running max: a row that sees no key in a split keeps it,
 # and exp2(m_old - m_new) stays 0 or 1 instead of NaN from (-inf) - (-inf).
@@ -234,23 +240,29 @@ def paged_attention_merge_kernel(
 
 
 @dataclasses.dataclass(frozen=True)
-class _Config:
-    block_m: int
-    block_n: int
+class LaunchConfig:
+    """Tiles, warps, pipeline stages and split-K count of one attention launch (`choose_config`)."""
+
+    block_m: int  # MMA rows: BLOCK_Q query tokens x GROUP query heads
+    block_n: int  # keys a KV step
     num_warps: int
     num_stages: int
-    num_splits: int
+    num_splits: int  # 1: no split-K, no merge kernel
+
+    def describe(self) -> str:
+        """A short label, e.g. "m16n64w4s32" (rows, keys, warps, splits)."""
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_splits}"
 
 
-def _is_decode(max_q_len: int, group: int) -> bool:
+def is_decode(max_q_len: int, group: int) -> bool:
     """Every sequence's queries fit the 16-row decode tile (q_len <= 4 at GROUP 4, 1 at GROUP 16)."""
     return max_q_len * group <= max(16, triton.next_power_of_2(group))
 
 
-def _choose_config(
+def choose_config(
     dtype: torch.dtype, head_dim: int, group: int, *, decode: bool, num_seqs: int, num_kv_heads: int,
     max_seq_len: int, sm_count: int, num_splits: int | None,
-) -> _Config:
+) -> LaunchConfig:
     """Tile sizes by a fixed rule (no autotuning: the compile check builds exactly these).
 
     Register and shared-memory numbers below are from `python -m kernels.compile_check`.
@@ -281,7 +293,7 @@ def _choose_config(
             want = triton.cdiv(2 * sm_count, programs)  # two waves of programs over the SMs
             cap = max(1, max_seq_len // _MIN_SPLIT_KEYS)
             num_splits = 1 << (min(want, cap, _MAX_SPLITS).bit_length() - 1)  # power of two, rounded down
-    return _Config(num_splits=num_splits, **cfg)
+    return LaunchConfig(num_splits=num_splits, **cfg)
 
 
 def _head_dim_pad(head_dim: int) -> int:
@@ -315,20 +327,71 @@ def _check_layout(query, key_cache, block_tables, out, num_splits) -> None:
         raise ValueError(f"num_splits must be in 1..{_MAX_SPLITS} or None, got {num_splits}")
 
 
-def _launch(
-    query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, meta: PagedAttentionMeta,
-    scale: float, out: torch.Tensor, num_splits: int | None,
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs must not be rounded to tf32 (10 mantissa bits would miss the 5e-4 fp32 tolerance).
+    # tf32x3 (three tf32 MMAs on the split operands) is fp32-accurate and keeps the tensor cores;
+    # "ieee" falls back to FMA dots that need K=128 operands in registers and spill 3 KiB.
+    # The flag is ignored for fp16/bf16 operands.
+    return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedAttentionPlan:
+    """A checked call: its host facts, its scale, and the launch it needs (None: no query tokens)."""
+
+    meta: PagedAttentionMeta
+    scale: float
+    config: LaunchConfig | None
+
+
+def plan(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> PagedAttentionPlan:
+    """Every check of `paged_attention` (one host sync) and the config it would launch, without
+    launching. Arguments as in `paged_attention`; raises `ValueError` on a bad one."""
+    meta = check_paged_attention_args(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
+    _check_layout(query, key_cache, block_tables, out, num_splits)
+    scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    num_tokens, num_q_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    config = None
+    if num_tokens:
+        config = choose_config(
+            query.dtype, head_dim, group, decode=is_decode(meta.max_q_len, group), num_seqs=meta.num_seqs,
+            num_kv_heads=num_kv_heads, max_seq_len=meta.max_seq_len, sm_count=_sm_count(query.device),
+            num_splits=num_splits,
+        )
+    return PagedAttentionPlan(meta, scale, config)
+
+
+def launch(
+    plan: PagedAttentionPlan, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q,
+    out: torch.Tensor,
 ) -> torch.Tensor:
+    """Run a `plan` made for these same tensors, checking nothing again; writes and returns `out`
+    (``(T, Hq, D)``, query dtype)."""
     num_tokens, num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1:3]
     group = num_q_heads // num_kv_heads
-    if num_tokens == 0:
+    cfg, meta = plan.config, plan.meta
+    if cfg is None:
         return out
-    cfg = _choose_config(
-        query.dtype, head_dim, group, decode=_is_decode(meta.max_q_len, group), num_seqs=meta.num_seqs,
-        num_kv_heads=num_kv_heads, max_seq_len=meta.max_seq_len, sm_count=_sm_count(query.device),
-        num_splits=num_splits,
-    )
     split = cfg.num_splits > 1
     head_dim_pad = _head_dim_pad(head_dim)
     if split:
@@ -342,7 +405,7 @@ def _launch(
     grid = (num_tokens // block_q + meta.num_seqs, num_kv_heads, cfg.num_splits)
     paged_attention_kernel[grid](
         query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out, ws_acc, ws_m, ws_l,
-        meta.num_seqs, num_q_heads, cfg.num_splits, scale * _LOG2E,
+        meta.num_seqs, num_q_heads, cfg.num_splits, plan.scale * _LOG2E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, PAGE_SIZE=block_size,
@@ -359,18 +422,6 @@ def _launch(
             num_warps=4,
         )
     return out
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    # fp32 inputs must not be rounded to tf32 (10 mantissa bits would miss the 5e-4 fp32 tolerance).
-    # tf32x3 (three tf32 MMAs on the split operands) is fp32-accurate and keeps the tensor cores;
-    # "ieee" falls back to FMA dots that need K=128 operands in registers and spill 3 KiB.
-    # The flag is ignored for fp16/bf16 operands.
-    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def paged_attention(
@@ -395,14 +446,11 @@ def paged_attention(
     (default: a heuristic that splits long decodes only). Returns ``(T, Hq, D)`` in the query dtype,
     written into ``out`` when given. Raises `ValueError` before launching on a bad argument.
     """
-    meta = check_paged_attention_args(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
-    _check_layout(query, key_cache, block_tables, out, num_splits)
-    scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
+    checked = plan(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, out=out,
+                   num_splits=num_splits)
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    return _launch(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, meta, scale, out, num_splits)
+    return launch(checked, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
 
 
 # What the model launches (model/config.py presets): bamba-9b 32/8 heads of 128 (GROUP 4), small
@@ -425,14 +473,12 @@ _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.fl
 
 def compile_variants():
     """Every attention and merge specialization the model launches (see `_COMPILE_CASES`)."""
-    from kernels.compile_check import KernelVariant
-
     variants = []
     merges = set()
     for mode, dtype, head_dim, block_size, group in _COMPILE_CASES:
         tt = f"*{dtype}"
         decode = mode != "prefill"
-        cfg = _choose_config(
+        cfg = choose_config(
             _TORCH_DTYPES[dtype], head_dim, group, decode=decode, num_seqs=1, num_kv_heads=8,
             max_seq_len=32768, sm_count=_SM_COUNT_FALLBACK, num_splits=None if decode else 1,
         )

@@ -14,8 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.compile_check import KernelVariant
-from kernels.reference.ssd import NO_LIMIT, check_ssd_decode_args
+from kernels.checks import require
+from kernels.contracts.ssd import NO_LIMIT, check_ssd_decode_args
+from kernels.variants import KernelVariant
 
 __all__ = ["ssd_decode_step"]
 
@@ -86,8 +87,7 @@ def ssd_decode_step(
     limit = check_ssd_decode_args(x, dt, A, B, C, state_pool, slot_idx, D, dt_bias, dt_limit, check_slots)
     S, H, P = x.shape
     G, N = B.shape[1:]
-    if not state_pool.is_contiguous():
-        raise ValueError("state_pool: must be contiguous (updated in place)")
+    require(state_pool.is_contiguous(), "state_pool", "must be contiguous (updated in place)")
     y = _empty((S, H, P), x.dtype, x.device)
     if S == 0:
         return y

@@ -10,7 +10,7 @@ Five kernels over *logical chunks* (the SSD matmul form: tensor cores on a GPU):
     5. chunk_scan     y = exp(dA_i) C_i . state_in  +  sum_{j<=i} CB_ij exp(dA_i - dA_j) dt'_j x_j  +  D x
 
 How a capture is made. The host builds a table of logical chunks (`build_chunk_table`, shared with
-the PyTorch reference): a chunk never spans a sequence boundary, chunks start every `chunk_size`
+the CPU path): a chunk never spans a sequence boundary, chunks start every `chunk_size`
 tokens from the sequence start, and a chunk is additionally *cut* at every capture offset. Stage 4
 computes the state after every chunk anyway, so a capture at offset o is that state written out
 once more: one (P, N) fp32 store per head, into `captured_states[k]`, in the same launch.
@@ -37,13 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.compile_check import KernelVariant
-from kernels.reference.ssd import (
-    NO_LIMIT,
-    SSDScanOutput,
-    build_chunk_table,
-    check_ssd_scan_args,
-)
+from kernels.checks import require
+from kernels.contracts.ssd import NO_LIMIT, SSDScanOutput, check_ssd_scan_args
+from kernels.contracts.varlen import build_chunk_table
+from kernels.variants import KernelVariant
 
 __all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE"]
 
@@ -353,8 +350,8 @@ def ssd_scan(
     """
     seqlens, offsets, limit = check_ssd_scan_args(
         x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets)
-    if chunk_size < 16 or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size: must be a power of 2 >= 16 (tl.dot tiles), got {chunk_size}")
+    require(chunk_size >= 16 and (chunk_size & (chunk_size - 1)) == 0, "chunk_size",
+            f"must be a power of 2 >= 16 (tl.dot tiles), got {chunk_size}")
     T, H, P = x.shape
     G, N = B.shape[1:]
     S = len(seqlens)

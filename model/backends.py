@@ -1,6 +1,6 @@
 """The ops table: which implementation runs each sequence-mixing op.
 
-`torch` runs the PyTorch references of `kernels.reference` (fast enough on a CPU to be the
+`torch` runs the PyTorch paths of `kernels.torch_cpu` (fast enough on a CPU to be the
 experiment's backend); `triton` runs the Triton kernels of `kernels` (on a CPU through the
 interpreter, so only for tests on tiny shapes). The model calls ops only through this table,
 so both backends execute the same weights and the same model code.
@@ -16,12 +16,12 @@ from typing import Callable
 # for, so the torch backend never imports Triton kernel modules.
 _OPS: dict[str, dict[str, tuple[str, str]]] = {
     "torch": {
-        "ssd_scan": ("kernels.reference.ssd", "ssd_scan_chunked"),
-        "ssd_decode_step": ("kernels.reference.ssd", "ssd_decode_step_ref"),
-        "causal_conv1d": ("kernels.reference.conv1d", "causal_conv1d_ref"),
-        "conv1d_decode_step": ("kernels.reference.conv1d", "causal_conv1d_decode_step_ref"),
-        "write_kv_cache": ("kernels.reference.paged_attention", "write_kv_cache_ref"),
-        "paged_attention": ("kernels.reference.paged_attention", "paged_attention_ref"),
+        "ssd_scan": ("kernels.torch_cpu.ssd", "ssd_scan_chunked"),
+        "ssd_decode_step": ("kernels.torch_cpu.ssd", "ssd_decode_step_cpu"),
+        "causal_conv1d": ("kernels.torch_cpu.conv1d", "causal_conv1d_cpu"),
+        "conv1d_decode_step": ("kernels.torch_cpu.conv1d", "causal_conv1d_decode_step_cpu"),
+        "write_kv_cache": ("kernels.torch_cpu.paged_attention", "write_kv_cache_cpu"),
+        "paged_attention": ("kernels.torch_cpu.paged_attention", "paged_attention_cpu"),
     },
     "triton": {
         "ssd_scan": ("kernels.ssd_scan", "ssd_scan"),

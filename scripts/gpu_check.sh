@@ -30,9 +30,9 @@ tests_rc=${PIPESTATUS[0]}
 
 # 2. Benchmarks (~4 min): decode at 1K..128K and an 8192-query chunk over 0..32K; the SSD scan
 #    with and without captures at 8K and 32K tokens.
-timeout 150 $PY -m experiments.bench_paged_attention --out "$W/bench_paged_attention" --batches 1,16,64 \
+timeout 150 $PY -m experiments.bench.paged_attention --out "$W/bench_paged_attention" --batches 1,16,64 \
     --contexts 4096,32768,131072 --prefixes 0,16384,32768 > "$W/bench_paged_attention.txt" 2>&1
-timeout 100 $PY -m experiments.bench_ssd_scan --out "$W/bench_ssd_scan" > "$W/bench_ssd_scan.txt" 2>&1
+timeout 100 $PY -m experiments.bench.ssd_scan --out "$W/bench_ssd_scan" > "$W/bench_ssd_scan.txt" 2>&1
 
 # 3. The incident at Bamba-9B shapes (random weights), bf16, Triton backend (~1.5 min).
 timeout 150 $PY -m experiments.warm_restore --preset bamba-9b --backend triton --device cuda \

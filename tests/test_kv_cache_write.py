@@ -1,4 +1,4 @@
-"""`write_kv_cache` (Triton) against `write_kv_cache_ref`, and its input checks."""
+"""`write_kv_cache` (Triton) and the CPU path against the oracle `write_kv_cache_ref`, and their input checks."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 
 from kernels.kv_cache_write import write_kv_cache
 from kernels.reference.paged_attention import write_kv_cache_ref
+from kernels.torch_cpu.paged_attention import write_kv_cache_cpu
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -50,6 +51,10 @@ def test_write_kv_cache_matches_reference(num_tokens, num_blocks, block_size, nu
     assert torch.equal(vc.nan_to_num(0.0), vc_ref.nan_to_num(0.0))
     written = (slot_mapping >= 0).sum().item()
     assert (~kc.isnan()).sum().item() == written * num_kv_heads * head_dim
+    kc_cpu, vc_cpu = kc_ref.clone().fill_(float("nan")), vc_ref.clone().fill_(float("nan"))
+    write_kv_cache_cpu(key, value, kc_cpu, vc_cpu, slot_mapping)
+    assert torch.equal(kc_cpu.nan_to_num(0.0), kc_ref.nan_to_num(0.0)) and torch.equal(kc_cpu.isnan(), kc_ref.isnan())
+    assert torch.equal(vc_cpu.nan_to_num(0.0), vc_ref.nan_to_num(0.0)) and torch.equal(vc_cpu.isnan(), vc_ref.isnan())
 
 
 def test_write_kv_cache_ref_places_tokens_by_slot():
@@ -97,5 +102,7 @@ def test_write_kv_cache_rejects_bad_input_before_writing(name):
     with pytest.raises(ValueError):
         write_kv_cache(**args)
     assert torch.equal(args["key_cache"].isnan(), before.isnan()), "cache written before the error"
-    with pytest.raises(ValueError):  # the oracle rejects the same inputs
+    with pytest.raises(ValueError):  # the oracle and the CPU path reject the same inputs
         write_kv_cache_ref(**args)
+    with pytest.raises(ValueError):
+        write_kv_cache_cpu(**args)

@@ -1,4 +1,5 @@
-"""`paged_attention` (Triton, interpreted on CPU) against `paged_attention_ref`, and the oracle itself.
+"""`paged_attention` (Triton, interpreted on CPU) against `paged_attention_ref`, and the oracle and
+the CPU path (`paged_attention_cpu`) against dense fp64 attention.
 
 Every batch is built the hard way: block ids are a random permutation (non-contiguous tables), the
 cache starts as NaN so a read of an unwritten slot or a stray block poisons the output, block-table
@@ -18,11 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernels.paged_attention as pa
-import kernels.reference.paged_attention as ref_mod
+import kernels.torch_cpu.paged_attention as cpu_mod
 from kernels.kv_cache_write import write_kv_cache
 from kernels.paged_attention import paged_attention
 from kernels.reference.paged_attention import paged_attention_ref, write_kv_cache_ref
 from kernels.testing import assert_close, nan_filled
+from kernels.torch_cpu.paged_attention import paged_attention_cpu
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -111,6 +113,19 @@ def test_paged_attention_matches_reference(specs, block_size, num_kv_heads, grou
     assert_close(got, want, DTYPES[dtype], msg=f"{specs}")
 
 
+CPU_CASES = [c for c in CASES if c[0] in ("mixed-bs16-g4-d64-bf16", "mixed-bs256-g1-d80-fp32",
+                                          "mixed-bs16-g3-d64-fp16", "chunk-bs64-g4-d256-bf16")]
+
+
+@pytest.mark.parametrize("specs,block_size,num_kv_heads,group,head_dim,dtype",
+                         [c[1:] for c in CPU_CASES], ids=[c[0] for c in CPU_CASES])
+def test_cpu_path_matches_reference(specs, block_size, num_kv_heads, group, head_dim, dtype):
+    """The model's CPU path (GQA heads folded into the rows, row blocks) against the oracle."""
+    batch = make_batch(specs, block_size=block_size, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
+                       dtype=DTYPES[dtype], seed=len(specs) * head_dim + block_size)
+    assert_close(paged_attention_cpu(*batch.args()), paged_attention_ref(*batch.args()), DTYPES[dtype], msg=f"{specs}")
+
+
 SPLIT_CASES = [
     # id, specs, block_size, head_dim, dtype, num_splits. Decode tiles are 64 keys (32 for fp32) and
     # splits are a whole number of tiles, so with pages of 256 split boundaries fall mid-page.
@@ -156,8 +171,8 @@ def test_scale_and_out_with_strides():
 def test_default_split_heuristic_runs_split_k(monkeypatch):
     """num_splits=None on a long decode takes the split path (2 splits: 1100 keys, >= 512 a split)."""
     chosen = []
-    choose = pa._choose_config
-    monkeypatch.setattr(pa, "_choose_config", lambda *a, **k: chosen.append(choose(*a, **k)) or chosen[-1])
+    choose = pa.choose_config
+    monkeypatch.setattr(pa, "choose_config", lambda *a, **k: chosen.append(choose(*a, **k)) or chosen[-1])
     batch = make_batch([(1, 1099)], block_size=32, num_kv_heads=2, group=4, head_dim=64, dtype=torch.bfloat16)
     got, want = run_both(batch)
     assert [c.num_splits for c in chosen] == [2]
@@ -220,15 +235,15 @@ def test_random_batches_match_reference(specs, block_size, group, head_dim, dtyp
 def test_split_heuristic_splits_only_long_decodes():
     kw = dict(dtype=torch.bfloat16, head_dim=128, group=4, num_kv_heads=8, sm_count=132, num_splits=None)
     # batch 1 at 32K: 8 programs alone would fill 6% of 132 SMs; 32 splits make 256 programs
-    assert pa._choose_config(decode=True, num_seqs=1, max_seq_len=32768, **kw).num_splits == 32
-    assert pa._choose_config(decode=True, num_seqs=64, max_seq_len=1024, **kw).num_splits == 1
-    assert pa._choose_config(decode=True, num_seqs=1, max_seq_len=1000, **kw).num_splits == 1  # < 2 x 512 keys
-    assert pa._choose_config(decode=False, num_seqs=1, max_seq_len=32768, **kw).num_splits == 1
-    assert pa._is_decode(1, 4) and pa._is_decode(4, 4) and not pa._is_decode(5, 4)
+    assert pa.choose_config(decode=True, num_seqs=1, max_seq_len=32768, **kw).num_splits == 32
+    assert pa.choose_config(decode=True, num_seqs=64, max_seq_len=1024, **kw).num_splits == 1
+    assert pa.choose_config(decode=True, num_seqs=1, max_seq_len=1000, **kw).num_splits == 1  # < 2 x 512 keys
+    assert pa.choose_config(decode=False, num_seqs=1, max_seq_len=32768, **kw).num_splits == 1
+    assert pa.is_decode(1, 4) and pa.is_decode(4, 4) and not pa.is_decode(5, 4)
 
 
 def test_reference_matches_dense_attention_and_row_blocking(monkeypatch):
-    """The oracle against per-sequence dense SDPA in fp64, with and without row blocks."""
+    """The oracle, and the CPU path with and without row blocks, against per-sequence dense SDPA in fp64."""
     batch = make_batch([(1, 37), (63, 0), (20, 100), (0, 5)], block_size=16, num_kv_heads=2, group=3, head_dim=32,
                        dtype=torch.float32)
     q, kc, vc, bt, sl, cu = (t.cpu() for t in batch.args())
@@ -243,8 +258,9 @@ def test_reference_matches_dense_attention_and_row_blocking(monkeypatch):
         o = torch.nn.functional.scaled_dot_product_attention(q[a:b].double().transpose(0, 1), k, v, attn_mask=visible)
         want[a:b] = o.transpose(0, 1)
     torch.testing.assert_close(paged_attention_ref(q, kc, vc, bt, sl, cu).double(), want, rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(ref_mod, "SCORE_BYTES", 4 * 6 * 120 * 7)  # 7-row blocks
-    torch.testing.assert_close(paged_attention_ref(q, kc, vc, bt, sl, cu).double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(paged_attention_cpu(q, kc, vc, bt, sl, cu).double(), want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(cpu_mod, "SCORE_BYTES", 4 * 6 * 120 * 7)  # 7-row blocks
+    torch.testing.assert_close(paged_attention_cpu(q, kc, vc, bt, sl, cu).double(), want, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +340,7 @@ BAD = ["query-dtype-vs-cache", "cache-dtype-pair", "device-mismatch", "heads-not
 def test_bad_input_raises_before_launch(name, monkeypatch):
     args, kw = _bad_batch(name)
     launched = []
-    monkeypatch.setattr(pa, "_launch", lambda *a, **k: launched.append(1))
+    monkeypatch.setattr(pa, "launch", lambda *a, **k: launched.append(1))
     with pytest.raises(ValueError, match=MATCH[name]):
         paged_attention(**args, **kw)
     assert not launched
@@ -332,6 +348,8 @@ def test_bad_input_raises_before_launch(name, monkeypatch):
         kw.pop("num_splits", None)
         with pytest.raises(ValueError, match=MATCH[name]):
             paged_attention_ref(**args, **kw)
+        with pytest.raises(ValueError, match=MATCH[name]):
+            paged_attention_cpu(**args, **kw)
     else:  # a limit of the kernel alone: the oracle runs it
         kw.pop("num_splits", None)
         assert not torch.isnan(paged_attention_ref(**args, **kw)).any()

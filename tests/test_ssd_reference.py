@@ -1,5 +1,6 @@
-"""The PyTorch references: the oracle against an independent closed form, the chunked scan (the
-model's CPU backend) against the oracle, captures, resumes, decode steps, and argument checks."""
+"""The PyTorch oracles against independent closed forms, the CPU paths (the model's `torch`
+backend: chunked scan, conv, decode steps) against the oracles, captures, resumes, decode steps,
+and argument checks."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernels.contracts.varlen import build_chunk_table
 from kernels.reference.conv1d import causal_conv1d_decode_step_ref, causal_conv1d_ref
-from kernels.reference.ssd import build_chunk_table, ssd_decode_step_ref, ssd_scan_chunked, ssd_scan_sequential
+from kernels.reference.ssd import ssd_decode_step_ref, ssd_scan_sequential
 from kernels.testing import assert_close
+from kernels.torch_cpu.conv1d import causal_conv1d_cpu, causal_conv1d_decode_step_cpu
+from kernels.torch_cpu.ssd import ssd_decode_step_cpu, ssd_scan_chunked
 from ssm_inputs import check_conv_capture_and_resume, make_conv_inputs, make_ssd_inputs, slice_seq
 
 F32 = torch.float32
@@ -113,7 +117,14 @@ def test_chunked_capture_is_prefix_final_state(data):
             k += 1
 
 
-def test_ssd_decode_ref_continues_prefill():
+SSD_STEPS = [ssd_decode_step_ref, ssd_decode_step_cpu]
+CONV_STEPS = [causal_conv1d_decode_step_ref, causal_conv1d_decode_step_cpu]
+CONVS = [causal_conv1d_ref, causal_conv1d_cpu]
+ORACLE_CPU = ["oracle", "cpu"]
+
+
+@pytest.mark.parametrize("decode", SSD_STEPS, ids=ORACLE_CPU)
+def test_ssd_decode_ref_continues_prefill(decode):
     lens = [12, 7]
     inp = make_ssd_inputs([n + 3 for n in lens], H=4, P=8, G=2, N=8, seed=5)
     full = ssd_scan_sequential(**inp)
@@ -125,47 +136,96 @@ def test_ssd_decode_ref_continues_prefill():
     pool[slots] = pre.final_states
     for step in range(3):
         rows = torch.tensor([12 + step, 15 + 7 + step])
-        y = ssd_decode_step_ref(inp["x"][rows], inp["dt"][rows], inp["A"], inp["B"][rows], inp["C"][rows],
-                                state_pool=pool, slot_idx=slots, D=inp["D"], dt_bias=inp["dt_bias"])
+        y = decode(inp["x"][rows], inp["dt"][rows], inp["A"], inp["B"][rows], inp["C"][rows],
+                   state_pool=pool, slot_idx=slots, D=inp["D"], dt_bias=inp["dt_bias"])
         assert_close(y, full.y[rows], F32, f"decode step {step}")
     assert_close(pool[slots], full.final_states, F32, "pool after decode")
     assert torch.isnan(pool[[1, 2, 4]]).all(), "decode touched a slot it does not own"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(D=None, dt_bias=None, dt_softplus=False, dt_limit=(0.01, 0.2)),
+], ids=["defaults", "no-D-no-bias-no-softplus-limit"])
+def test_ssd_decode_cpu_matches_oracle(options, dtype):
+    """The CPU decode step (all sequences at once) against the oracle (a one-token scan each)."""
+    inp = make_ssd_inputs([1] * 4, H=6, P=8, G=3, N=16, dtype=dtype, seed=9)
+    kw = dict(D=inp["D"], dt_bias=inp["dt_bias"], slot_idx=torch.tensor([5, 0, 3, 1], dtype=torch.int32))
+    kw.update(options)
+    args = [inp[k] for k in ("x", "dt", "A", "B", "C")]
+    args[1] = args[1].abs()
+    pool = torch.randn(7, 6, 8, 16, generator=torch.Generator().manual_seed(1))
+    ref_pool = pool.clone()
+    y = ssd_decode_step_cpu(*args, state_pool=pool, **kw)
+    y_ref = ssd_decode_step_ref(*args, state_pool=ref_pool, **kw)
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(pool, ref_pool, torch.float32, "pool")
+
+
 # ---------------------------------------------------------------------------------------------
-# conv1d reference
+# conv1d: oracle and CPU path
 # ---------------------------------------------------------------------------------------------
 
 
-def test_conv_ref_matches_torch_conv1d():
+@pytest.mark.parametrize("conv", CONVS, ids=ORACLE_CPU)
+def test_conv_ref_matches_torch_conv1d(conv):
     inp = make_conv_inputs([29], D=6, W=4, seed=2, with_init=False)
-    out = causal_conv1d_ref(**inp)
+    out = conv(**inp)
     x = inp["x"].t()[None]  # (1, D, T)
     ref = F.conv1d(F.pad(x, (3, 0)), inp["weight"][:, None, :], inp["bias"], groups=6)[0].t()
     assert_close(out.y, F.silu(ref), F32, "conv y vs F.conv1d")
     assert_close(out.final_states[0], inp["x"][-3:].t(), F32, "final conv state = last 3 inputs")
 
 
+@pytest.mark.parametrize("conv", CONVS, ids=ORACLE_CPU)
 @pytest.mark.parametrize("W", [2, 4, 5])
-def test_conv_ref_capture_and_resume(W):
+def test_conv_ref_capture_and_resume(W, conv):
     lens = [2, 17, 9]
     offsets = [[1], [1, 2, 3, 16], [8]]
     inp = make_conv_inputs(lens, D=5, W=W, seed=W)
-    out = check_conv_capture_and_resume(causal_conv1d_ref, inp, lens, offsets)
+    out = check_conv_capture_and_resume(conv, inp, lens, offsets)
     # a 2-token sequence with W-1 = 3 keeps one initial-state column: zeros never leak in
     if W == 4:
         assert torch.equal(out.final_states[0][:, 0], inp["initial_states"][0][:, 2])
 
 
-def test_conv_decode_ref_continues_prefill():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("W,activation", [(4, "silu"), (3, None)], ids=["W4-silu", "W3-none"])
+def test_conv_cpu_matches_oracle(W, activation, dtype):
+    """The CPU conv (W shifted multiply-adds a sequence) against the oracle (token by token)."""
+    lens = [1, 40, 0, 7]
+    offsets = [[], [1, 2, 20, 39], [], [6]]
+    inp = make_conv_inputs(lens, D=24, W=W, dtype=dtype, seed=W)
+    out = causal_conv1d_cpu(**inp, capture_offsets=offsets, activation=activation)
+    ref = causal_conv1d_ref(**inp, capture_offsets=offsets, activation=activation)
+    assert_close(out.y, ref.y, dtype, "y")
+    assert torch.equal(out.final_states, ref.final_states) and torch.equal(out.captured_states, ref.captured_states)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_conv_decode_cpu_matches_oracle(dtype):
+    inp = make_conv_inputs([1] * 3, D=24, dtype=dtype, seed=6)
+    pool = torch.randn(5, 24, 3, generator=torch.Generator().manual_seed(2)).to(dtype)
+    ref_pool = pool.clone()
+    for bias, activation in ((inp["bias"], "silu"), (None, None)):
+        kw = dict(weight=inp["weight"], bias=bias, slot_idx=torch.tensor([4, 0, 2]), activation=activation)
+        y = causal_conv1d_decode_step_cpu(inp["x"], conv_state_pool=pool, **kw)
+        y_ref = causal_conv1d_decode_step_ref(inp["x"], conv_state_pool=ref_pool, **kw)
+        assert_close(y, y_ref, dtype, f"y, activation {activation}")
+        assert torch.equal(pool, ref_pool)
+
+
+@pytest.mark.parametrize("decode", CONV_STEPS, ids=ORACLE_CPU)
+def test_conv_decode_ref_continues_prefill(decode):
     inp = make_conv_inputs([10], D=7, seed=4)
     full = causal_conv1d_ref(**inp)
     pre = causal_conv1d_ref(**{**inp, "x": inp["x"][:6], "cu_seqlens": torch.tensor([0, 6], dtype=torch.int32)})
     pool = torch.zeros(3, 7, 3)
     pool[2] = pre.final_states[0]
     for t in range(6, 10):
-        y = causal_conv1d_decode_step_ref(inp["x"][t:t + 1], conv_state_pool=pool, weight=inp["weight"],
-                                          bias=inp["bias"], slot_idx=torch.tensor([2]))
+        y = decode(inp["x"][t:t + 1], conv_state_pool=pool, weight=inp["weight"], bias=inp["bias"],
+                   slot_idx=torch.tensor([2]))
         assert_close(y[0], full.y[t], F32, f"decode token {t}")
     assert torch.equal(pool[2], full.final_states[0])
 
@@ -206,23 +266,24 @@ def test_ssd_ref_rejects(scan, change, arg):
         scan(**{**inp, **change(inp)})
 
 
-def test_decode_refs_reject_bad_slots():
+@pytest.mark.parametrize("ssd_step,conv_step", list(zip(SSD_STEPS, CONV_STEPS)), ids=ORACLE_CPU)
+def test_decode_refs_reject_bad_slots(ssd_step, conv_step):
     inp = make_ssd_inputs([2], H=2, P=4, G=1, N=4)
     pool = torch.zeros(2, 2, 4, 4)
     args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"])
     with pytest.raises(ValueError, match="slot_idx"):
-        ssd_decode_step_ref(*args, state_pool=pool, slot_idx=torch.tensor([0, 2]))
+        ssd_step(*args, state_pool=pool, slot_idx=torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="slot_idx"):
-        ssd_decode_step_ref(*args, state_pool=pool, slot_idx=torch.tensor([1, 1]))
+        ssd_step(*args, state_pool=pool, slot_idx=torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="state_pool"):
-        ssd_decode_step_ref(*args, state_pool=pool.double(), slot_idx=torch.tensor([0, 1]))
+        ssd_step(*args, state_pool=pool.double(), slot_idx=torch.tensor([0, 1]))
     cpool = torch.zeros(2, 3, 3)
     with pytest.raises(ValueError, match="slot_idx"):
-        causal_conv1d_decode_step_ref(torch.randn(1, 3), conv_state_pool=cpool, weight=torch.randn(3, 4),
-                                      slot_idx=torch.tensor([-1]))
+        conv_step(torch.randn(1, 3), conv_state_pool=cpool, weight=torch.randn(3, 4),
+                  slot_idx=torch.tensor([-1]))
     with pytest.raises(ValueError, match="activation"):
-        causal_conv1d_decode_step_ref(torch.randn(1, 3), conv_state_pool=cpool, weight=torch.randn(3, 4),
-                                      slot_idx=torch.tensor([0]), activation="relu")
+        conv_step(torch.randn(1, 3), conv_state_pool=cpool, weight=torch.randn(3, 4),
+                  slot_idx=torch.tensor([0]), activation="relu")
 
 
 def test_chunked_captures_leave_outputs_bit_identical():

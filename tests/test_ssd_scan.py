@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels.ssd_scan as ssd_mod
-from kernels.reference.ssd import ssd_scan_chunked, ssd_scan_sequential
+from kernels.reference.ssd import ssd_scan_sequential
 from kernels.ssd_scan import ssd_scan
 from kernels.testing import assert_close, nan_filled
+from kernels.torch_cpu.ssd import ssd_scan_chunked
 from ssm_inputs import make_ssd_inputs, slice_seq
 
 from conftest import DEVICE

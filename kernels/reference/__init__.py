@@ -1,1 +1,3 @@
-"""Plain PyTorch references for the Triton kernels: short, fp32, obviously right."""
+"""Oracles: plain fp32 PyTorch versions of every op, short, sequential where that is clearer, and
+obviously right. They are the executable spec: the Triton kernels and the CPU paths
+(`kernels.torch_cpu`) are tested against them; no model backend runs them."""

@@ -1,177 +1,15 @@
-"""Paged KV cache and paged attention in plain PyTorch: the oracle for the Triton kernels.
+"""Paged KV write and paged attention oracles: a token-by-token write, attention one head at a time.
 
-Layout (shared with `kernels.kv_cache_write` and `kernels.paged_attention`):
-
-* ``key_cache``, ``value_cache``: ``(num_blocks, block_size, num_kv_heads, head_dim)``. Token
-  ``p`` of sequence ``s`` lives in block ``block_tables[s, p // block_size]`` at offset
-  ``p % block_size``; its *slot* is ``block_id * block_size + offset``.
-* Queries are packed varlen: ``query`` is ``(T, num_q_heads, head_dim)`` and sequence ``s`` owns
-  rows ``cu_seqlens_q[s] : cu_seqlens_q[s + 1]``. Its ``q_len`` new tokens are the *last* ``q_len``
-  of its ``seq_lens[s]`` tokens (their K/V already in the cache), so query ``i`` sits at absolute
-  position ``seq_lens[s] - q_len + i`` and sees keys ``0 ..= that position``.
-* GQA: query head ``h`` reads KV head ``h // (num_q_heads // num_kv_heads)``.
-
-The validation helpers below define what is a valid input; the Triton launchers call them first
-and then add their own layout limits, so the reference and the kernels reject the same things.
-
-The model's ``torch`` backend runs real work through `paged_attention_ref` on CPU, so it is
-written for speed as well as clarity: one gather per sequence, batched matmuls, and query rows
-processed in blocks so the fp32 score matrix stays under `SCORE_BYTES`.
+Plain fp32 PyTorch: the executable spec the Triton kernels and the CPU paths
+(`kernels.torch_cpu.paged_attention`) are tested against. Layout and argument contract:
+`kernels.contracts.paged_attention`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INDEX_DTYPES = (torch.int32, torch.int64)
-
-# Budget for one block of fp32 scores. 128 MiB keeps the peak (scores + the in-place softmax,
-# no second copy) well under 256 MiB; a chunk of 8192 queries x 40K keys x 4 heads is 5 GiB
-# unblocked.
-SCORE_BYTES = 128 * 2**20
-
-
-@dataclasses.dataclass(frozen=True)
-class PagedAttentionMeta:
-    """Host-side facts about a validated call (read once, with one device-to-host copy)."""
-
-    num_seqs: int
-    q_lens: list[int]
-    seq_lens: list[int]
-    cu_seqlens_q: list[int]
-    max_q_len: int
-    max_seq_len: int
-
-
-def _check_same_device(**tensors: torch.Tensor) -> None:
-    devices = {name: t.device for name, t in tensors.items()}
-    first_name, first = next(iter(devices.items()))
-    for name, dev in devices.items():
-        if dev != first:
-            raise ValueError(f"{name} is on {dev} but {first_name} is on {first}: all inputs must share one device")
-
-
-def _check_cache(key_cache: torch.Tensor, value_cache: torch.Tensor, dtype: torch.dtype) -> None:
-    if key_cache.dim() != 4:
-        raise ValueError(
-            f"key_cache must be (num_blocks, block_size, num_kv_heads, head_dim), got shape {tuple(key_cache.shape)}"
-        )
-    if value_cache.shape != key_cache.shape:
-        raise ValueError(f"value_cache shape {tuple(value_cache.shape)} != key_cache shape {tuple(key_cache.shape)}")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype != dtype:
-            raise ValueError(f"{name} dtype {t.dtype} must equal the input dtype {dtype}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (num_blocks, block_size, num_kv_heads, head_dim)")
-
-
-def check_kv_cache_write_args(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    """Raise `ValueError` unless the arguments of `write_kv_cache` are valid (one host sync)."""
-    _check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping)
-    if key.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"key dtype {key.dtype} not supported: use one of {SUPPORTED_DTYPES}")
-    if key.dim() != 3:
-        raise ValueError(f"key must be (T, num_kv_heads, head_dim), got shape {tuple(key.shape)}")
-    if value.shape != key.shape or value.dtype != key.dtype:
-        raise ValueError(
-            f"value {tuple(value.shape)} {value.dtype} must match key {tuple(key.shape)} {key.dtype}"
-        )
-    _check_cache(key_cache, value_cache, key.dtype)
-    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
-    if key.shape[1:] != (num_kv_heads, head_dim):
-        raise ValueError(
-            f"key is (T, {key.shape[1]}, {key.shape[2]}) but the cache holds {num_kv_heads} KV heads of dim {head_dim}"
-        )
-    if slot_mapping.dim() != 1 or slot_mapping.shape[0] != key.shape[0]:
-        raise ValueError(f"slot_mapping must be ({key.shape[0]},), got shape {tuple(slot_mapping.shape)}")
-    if slot_mapping.dtype not in INDEX_DTYPES:
-        raise ValueError(f"slot_mapping dtype {slot_mapping.dtype} must be int32 or int64")
-    if slot_mapping.numel():
-        lo, hi = (int(x) for x in torch.stack([slot_mapping.min(), slot_mapping.max()]).tolist())
-        num_slots = num_blocks * block_size
-        if lo < -1 or hi >= num_slots:
-            raise ValueError(f"slot_mapping values must lie in -1..{num_slots - 1} (-1 = skip), got {lo}..{hi}")
-
-
-def check_paged_attention_args(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    out: torch.Tensor | None = None,
-) -> PagedAttentionMeta:
-    """Raise `ValueError` unless the arguments of `paged_attention` are valid; return host facts.
-
-    Reads `seq_lens`, `cu_seqlens_q` and a flag for bad block ids on the host: one device-to-host copy.
-    """
-    tensors = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
-                   seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q)
-    if out is not None:
-        tensors["out"] = out
-    _check_same_device(**tensors)
-    if query.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"query dtype {query.dtype} not supported: use one of {SUPPORTED_DTYPES}")
-    if query.dim() != 3:
-        raise ValueError(f"query must be (T, num_q_heads, head_dim), got shape {tuple(query.shape)}")
-    _check_cache(key_cache, value_cache, query.dtype)
-    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
-    num_tokens, num_q_heads, q_head_dim = query.shape
-    if q_head_dim != head_dim:
-        raise ValueError(f"query head_dim {q_head_dim} != cache head_dim {head_dim}")
-    if num_kv_heads < 1 or num_q_heads < num_kv_heads or num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})"
-        )
-    if out is not None and (out.shape != query.shape or out.dtype != query.dtype):
-        raise ValueError(f"out must be {tuple(query.shape)} {query.dtype}, got {tuple(out.shape)} {out.dtype}")
-    index_args = (("block_tables", block_tables, 2), ("seq_lens", seq_lens, 1), ("cu_seqlens_q", cu_seqlens_q, 1))
-    for name, t, dims in index_args:
-        if t.dtype != torch.int32:
-            raise ValueError(f"{name} dtype {t.dtype} must be int32")
-        if t.dim() != dims:
-            raise ValueError(f"{name} must have {dims} dims, got shape {tuple(t.shape)}")
-    num_seqs = seq_lens.shape[0]
-    if cu_seqlens_q.shape[0] != num_seqs + 1:
-        raise ValueError(f"cu_seqlens_q must be (num_seqs + 1,) = ({num_seqs + 1},), got {tuple(cu_seqlens_q.shape)}")
-    if block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables must have num_seqs = {num_seqs} rows, got {block_tables.shape[0]}")
-
-    # Only the blocks a sequence uses must hold valid ids; the rest of a row is never read.
-    cols = torch.arange(block_tables.shape[1], device=seq_lens.device)
-    used = cols[None, :] < (seq_lens[:, None].long() + block_size - 1) // block_size
-    bad_id = (used & ((block_tables < 0) | (block_tables >= num_blocks))).any().to(torch.int32)
-    host = torch.cat([seq_lens, cu_seqlens_q, bad_id[None]]).tolist()  # the one device-to-host copy
-    lens, cu, bad_id = host[:num_seqs], host[num_seqs:-1], host[-1]
-    if cu[0] != 0 or cu[-1] != num_tokens:
-        raise ValueError(f"cu_seqlens_q must run from 0 to T = {num_tokens}, got {cu[0]}..{cu[-1]}")
-    q_lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
-    for s, (q_len, seq_len) in enumerate(zip(q_lens, lens)):
-        if q_len < 0:
-            raise ValueError(f"cu_seqlens_q must be non-decreasing; sequence {s} has q_len {q_len}")
-        if not q_len <= seq_len:
-            raise ValueError(f"seq_lens[{s}] = {seq_len} must be >= its q_len = {q_len}")
-    max_seq_len = max(lens, default=0)
-    need_blocks = -(-max_seq_len // block_size)
-    if need_blocks > block_tables.shape[1]:
-        s = lens.index(max_seq_len)
-        raise ValueError(
-            f"block_tables has {block_tables.shape[1]} columns but seq_lens[{s}] = {max_seq_len} needs "
-            f"{need_blocks} blocks of {block_size}"
-        )
-    if bad_id:
-        raise ValueError(f"block_tables holds a block id outside 0..{num_blocks - 1} in a column its sequence uses")
-    return PagedAttentionMeta(num_seqs, q_lens, lens, cu, max(q_lens, default=0), max_seq_len)
+from kernels.contracts.paged_attention import check_kv_cache_write_args, check_paged_attention_args
 
 
 def write_kv_cache_ref(
@@ -181,13 +19,14 @@ def write_kv_cache_ref(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write token ``t``'s K/V (``(T, num_kv_heads, head_dim)``) into slot ``slot_mapping[t]``; -1 skips."""
+    """Token ``t``'s K/V (``(T, num_kv_heads, head_dim)``) go to block ``slot // block_size``, row
+    ``slot % block_size`` of the caches, ``slot = slot_mapping[t]``; -1 skips the token."""
     check_kv_cache_write_args(key, value, key_cache, value_cache, slot_mapping)
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    num_kv_heads, head_dim = key_cache.shape[2:]
-    key_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep]
-    value_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep]
+    block_size = key_cache.shape[1]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            key_cache[slot // block_size, slot % block_size] = key[t]
+            value_cache[slot // block_size, slot % block_size] = value[t]
 
 
 def paged_attention_ref(
@@ -203,46 +42,33 @@ def paged_attention_ref(
 ) -> torch.Tensor:
     """Causal attention of packed varlen queries over their paged K/V, in fp32.
 
-    query ``(T, Hq, D)``, caches ``(num_blocks, block_size, Hkv, D)``, block_tables
-    ``(S, max_blocks)`` int32, seq_lens ``(S,)`` int32, cu_seqlens_q ``(S + 1,)`` int32.
-    Returns ``(T, Hq, D)`` in the query dtype (written into ``out`` when given).
+    For each sequence: gather its keys and values through its block table, then for each query
+    head h (reading KV head h // (Hq // Hkv)): softmax(q K^T * scale, keys past each query's
+    position masked) V. query ``(T, Hq, D)``, caches ``(num_blocks, block_size, Hkv, D)``,
+    block_tables ``(S, max_blocks)`` int32, seq_lens ``(S,)`` int32, cu_seqlens_q ``(S + 1,)``
+    int32. Returns ``(T, Hq, D)`` in the query dtype (written into ``out`` when given).
+    One head's scores are (q_len, seq_len) fp32: 1.3 GB for 8192 queries over 40K keys.
     """
     meta = check_paged_attention_args(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
-    num_tokens, num_q_heads, head_dim = query.shape
+    num_q_heads, head_dim = query.shape[1:]
     block_size, num_kv_heads = key_cache.shape[1:3]
     group = num_q_heads // num_kv_heads
     scale = head_dim**-0.5 if scale is None else float(scale)
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    k_slots = key_cache.view(-1, num_kv_heads, head_dim)
-    v_slots = value_cache.view(-1, num_kv_heads, head_dim)
-
     for s in range(meta.num_seqs):
         q_start, q_len, seq_len = meta.cu_seqlens_q[s], meta.q_lens[s], meta.seq_lens[s]
         if q_len == 0:
             continue
-        context_len = seq_len - q_len
-        # Gather this sequence's keys through its block table: (Hkv, seq_len, D) in fp32.
         pos = torch.arange(seq_len, device=query.device)
-        slots = block_tables[s, pos // block_size].long() * block_size + pos % block_size
-        k = k_slots[slots].float().transpose(0, 1)
-        v = v_slots[slots].float().transpose(0, 1)
-
-        rows_per_block = max(1, SCORE_BYTES // (4 * num_q_heads * seq_len))
-        for r0 in range(0, q_len, rows_per_block):
-            r1 = min(q_len, r0 + rows_per_block)
-            n_rows, n_keys = r1 - r0, context_len + r1  # keys past the block's last query are masked for all rows
-            # Fold the query heads that share a KV head into the rows: (Hkv, n_rows * group, D).
-            q = query[q_start + r0 : q_start + r1].float().view(n_rows, num_kv_heads, group, head_dim)
-            q = q.permute(1, 0, 2, 3).reshape(num_kv_heads, n_rows * group, head_dim)
-            scores = torch.matmul(q, k[:, :n_keys].transpose(1, 2)).mul_(scale)
-            q_pos = context_len + torch.arange(r0, r1, device=query.device)
-            future = torch.arange(n_keys, device=query.device)[None, :] > q_pos[:, None]  # (n_rows, n_keys)
-            scores.view(num_kv_heads, n_rows, group, n_keys).masked_fill_(future[None, :, None, :], float("-inf"))
-            # Softmax in place (key 0 is visible to every row, so each row max is finite).
-            scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-            denom = scores.sum(dim=-1, keepdim=True)
-            o = torch.matmul(scores, v[:, :n_keys]).div_(denom)  # (Hkv, n_rows * group, D)
-            o = o.view(num_kv_heads, n_rows, group, head_dim).permute(1, 0, 2, 3).reshape(n_rows, num_q_heads, head_dim)
-            out[q_start + r0 : q_start + r1] = o.to(out.dtype)
+        blocks = block_tables[s, pos // block_size].long()
+        k = key_cache[blocks, pos % block_size].float()  # (seq_len, Hkv, D)
+        v = value_cache[blocks, pos % block_size].float()
+        q_pos = seq_len - q_len + torch.arange(q_len, device=query.device)
+        future = pos[None, :] > q_pos[:, None]  # (q_len, seq_len)
+        rows = slice(q_start, q_start + q_len)
+        for h in range(num_q_heads):
+            scores = (query[rows, h].float() @ k[:, h // group].T) * scale
+            probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+            out[rows, h] = (probs @ v[:, h // group]).to(out.dtype)
     return out

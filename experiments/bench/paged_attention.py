@@ -7,28 +7,30 @@
 * Peers in the same run: torch SDPA on contiguous K/V (flash backend forced where it accepts the
   call), and FlexAttention over a page table (its own 128-token pages) where
   `torch.nn.attention.flex_attention` imports.
-* Every config is checked against `paged_attention_ref` before it is timed; a failing one is not
-  reported (the row says so), and the script exits 1.
+* Every config is checked against the oracle `paged_attention_ref` before it is timed; a failing
+  one is not reported (the row says so), and the script exits 1.
+* The Triton kernel is timed twice: the launch alone (`paged_attention.launch` of a plan made once:
+  column ``ms``) and the public call with its host-side checks (``ms_call``).
 
-Writes ``results/bench_paged_attention/bench.csv`` (device, versions, config, numbers) and a PNG drawn
-from the CSV by `plot`. On a machine without CUDA it says so and exits 0 without writing anything.
+Writes ``results/bench_paged_attention/bench.csv`` (device, versions, config, numbers; rewritten
+after every config) and a PNG drawn from the CSV by `plot`. On a machine without CUDA it says so
+and exits 0 without writing anything.
 
-    python -m experiments.bench_paged_attention                    # the full sweep (H200: minutes)
-    python -m experiments.bench_paged_attention --batches 1 --contexts 32768 --prefixes 0
-    python -m experiments.bench_paged_attention --plot-only        # redraw the PNG from the CSV
+    python -m experiments.bench.paged_attention                    # the full sweep (H200: minutes)
+    python -m experiments.bench.paged_attention --batches 1 --contexts 32768 --prefixes 0
+    python -m experiments.bench.paged_attention --plot-only        # redraw the PNG from the CSV
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import platform
 import sys
 from pathlib import Path
 
 import torch
 
+from experiments.results_io import RESULTS, environment, read_csv, save_figure, write_csv
 from kernels.testing import tolerance
 
 CSV_NAME = "bench.csv"
@@ -38,7 +40,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("results/bench_paged_attention"),
+    p.add_argument("--out", type=Path, default=RESULTS / "bench_paged_attention",
                    help="output folder for the CSV and PNG (default: %(default)s)")
     p.add_argument("--batches", default="1,4,16,64", help="decode batch sizes, comma-separated (default: %(default)s)")
     p.add_argument("--contexts", default="1024,4096,16384,32768,131072",
@@ -256,9 +258,10 @@ def close_enough(got, want, dtype) -> tuple[bool, float]:
     return ok, err
 
 
-def run_config(kind, pb, args, env, do_bench, copy_gbps, writer):
+def run_config(kind, pb, args, env, do_bench, copy_gbps, rows):
+    """Check and time the Triton kernel (and the peers) on one problem; appends a row per impl."""
     from kernels import paged_attention as pa
-    from kernels.reference.paged_attention import check_paged_attention_args, paged_attention_ref
+    from kernels.reference.paged_attention import paged_attention_ref
 
     dtype = pb.query.dtype
     want = paged_attention_ref(*pb.args())
@@ -283,21 +286,16 @@ def run_config(kind, pb, args, env, do_bench, copy_gbps, writer):
                   f"{row['tflops']:>7} TFLOP/s")
         else:
             print(f"  {impl:<22} {note:<24} WRONG (max abs err {err:.3g}): not reported")
-        writer.writerow(row)
+        rows.append(row)
         return ok
 
-    # Triton: the launch alone (validated once), and the public call with its host-side checks.
-    meta = check_paged_attention_args(*pb.args())
+    # Triton: the launch alone (checked once, by `plan`), and the public call with its host-side checks.
     out = torch.empty_like(pb.query)
-    scale = pb.query.shape[-1] ** -0.5
-    launch = lambda: pa._launch(*pb.args(), meta, scale, out, None)  # noqa: E731
+    checked = pa.plan(*pb.args(), out=out)
+    launch = lambda: pa.launch(checked, *pb.args(), out)  # noqa: E731
     ms_call = do_bench(lambda: pa.paged_attention(*pb.args(), out=out), warmup=args.warmup, rep=args.rep,
                        return_mode="median")
-    cfg = pa._choose_config(dtype, pb.query.shape[2], pb.query.shape[1] // pb.key_cache.shape[2],
-                            decode=pa._is_decode(pb.q_len, pb.query.shape[1] // pb.key_cache.shape[2]),
-                            num_seqs=batch, num_kv_heads=pb.key_cache.shape[2], max_seq_len=pb.seq_len,
-                            sm_count=pa._sm_count(pb.query.device), num_splits=None)
-    all_ok = report("triton_paged", f"m{cfg.block_m}n{cfg.block_n}w{cfg.num_warps}s{cfg.num_splits}", launch, ms_call)
+    all_ok = report("triton_paged", checked.config.describe(), launch, ms_call)
     if args.no_peers:
         return all_ok
     k, v = contiguous_kv(pb)
@@ -305,15 +303,15 @@ def run_config(kind, pb, args, env, do_bench, copy_gbps, writer):
         fn, note = sdpa_peer(pb, k, v)
         all_ok &= report("sdpa_contiguous", note, fn)
     except Exception as exc:  # a peer that cannot run this shape is recorded, not fatal
-        writer.writerow(dict(base, impl="sdpa_contiguous", note=f"unavailable: {type(exc).__name__}: {exc}"[:200]))
+        rows.append(dict(base, impl="sdpa_contiguous", note=f"unavailable: {type(exc).__name__}: {exc}"[:200]))
     if flex_available():
         try:
             fn, note = flex_paged_peer(pb, k, v, args.flex_page_size)
             all_ok &= report("flex_paged", note, fn)
         except Exception as exc:
-            writer.writerow(dict(base, impl="flex_paged", note=f"unavailable: {type(exc).__name__}: {exc}"[:200]))
+            rows.append(dict(base, impl="flex_paged", note=f"unavailable: {type(exc).__name__}: {exc}"[:200]))
     else:
-        writer.writerow(dict(base, impl="flex_paged", note="unavailable: torch.nn.attention.flex_attention"))
+        rows.append(dict(base, impl="flex_paged", note="unavailable: torch.nn.attention.flex_attention"))
     del k, v
     return all_ok
 
@@ -330,7 +328,7 @@ def plot(csv_path: Path, png_path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in csv.DictReader(csv_path.open()) if r.get("correct") == "True" and r.get("ms")]
+    rows = [r for r in read_csv(csv_path) if r.get("correct") == "True" and r.get("ms")]
     fig, (ax_d, ax_p) = plt.subplots(1, 2, figsize=(13, 5))
     styles = {"triton_paged": "-o", "sdpa_contiguous": "--s", "flex_paged": ":^"}
     for impl, style in styles.items():
@@ -354,8 +352,13 @@ def plot(csv_path: Path, png_path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
+    save_figure(fig, png_path)
     plt.close(fig)
+
+
+def write_rows(csv_path: Path, rows: list[dict]) -> None:
+    """The CSV with FIELDS as its columns, in order ("" where a row has no value)."""
+    write_csv(csv_path, [{f: row.get(f, "") for f in FIELDS} for row in rows])
 
 
 def main(argv=None) -> int:
@@ -364,43 +367,43 @@ def main(argv=None) -> int:
         plot(args.out / CSV_NAME, args.out / PNG_NAME)
         return 0
     if not torch.cuda.is_available():
-        print("bench_paged_attention: no CUDA device on this machine; nothing measured, nothing written.")
+        print("experiments.bench.paged_attention: no CUDA device on this machine; nothing measured, nothing written.")
         return 0
-    import triton
     from triton.testing import do_bench
 
     torch.manual_seed(args.seed)
     device = torch.device("cuda")
     dtype = DTYPES[args.dtype]
-    env = dict(device=torch.cuda.get_device_name(device), torch=torch.__version__, triton=triton.__version__,
-               python=platform.python_version())
+    full_env = environment("cuda")
+    env = dict(device=full_env["device_name"], torch=full_env["torch"], triton=full_env["triton"],
+               python=full_env["python"])
     copy_gbps = copy_bandwidth_gbps(device, do_bench)
     print(f"{env['device']}: copy bandwidth {copy_gbps:.0f} GB/s (read + write)")
-    args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / CSV_NAME
+    rows: list[dict] = []
     all_ok = True
     kv_token_bytes = 2 * args.num_kv_heads * args.head_dim * torch.empty((), dtype=dtype).element_size()
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        for batch in _ints(args.batches):
-            for context in _ints(args.contexts):
-                if batch * context * kv_token_bytes > args.max_kv_gib * 2**30:
-                    print(f"decode B={batch} ctx={context}: skipped (K+V over --max-kv-gib {args.max_kv_gib})")
-                    continue
-                print(f"decode B={batch} ctx={context}")
-                pb = make_problem(batch, 1, context + 1, args.num_q_heads, args.num_kv_heads, args.head_dim,
-                                  args.block_size, dtype, device)
-                all_ok &= run_config("decode", pb, args, env, do_bench, copy_gbps, writer)
-                del pb
-                torch.cuda.empty_cache()
-        for prefix in _ints(args.prefixes):
-            print(f"prefill chunk q={args.prefill_queries} prefix={prefix}")
-            pb = make_problem(1, args.prefill_queries, prefix + args.prefill_queries, args.num_q_heads,
-                              args.num_kv_heads, args.head_dim, args.block_size, dtype, device)
-            all_ok &= run_config("prefill", pb, args, env, do_bench, copy_gbps, writer)
+    for batch in _ints(args.batches):
+        for context in _ints(args.contexts):
+            if batch * context * kv_token_bytes > args.max_kv_gib * 2**30:
+                print(f"decode B={batch} ctx={context}: skipped (K+V over --max-kv-gib {args.max_kv_gib})")
+                continue
+            print(f"decode B={batch} ctx={context}")
+            pb = make_problem(batch, 1, context + 1, args.num_q_heads, args.num_kv_heads, args.head_dim,
+                              args.block_size, dtype, device)
+            all_ok &= run_config("decode", pb, args, env, do_bench, copy_gbps, rows)
+            write_rows(csv_path, rows)  # after every config: a crash or timeout keeps what was measured
             del pb
             torch.cuda.empty_cache()
+    for prefix in _ints(args.prefixes):
+        print(f"prefill chunk q={args.prefill_queries} prefix={prefix}")
+        pb = make_problem(1, args.prefill_queries, prefix + args.prefill_queries, args.num_q_heads,
+                          args.num_kv_heads, args.head_dim, args.block_size, dtype, device)
+        all_ok &= run_config("prefill", pb, args, env, do_bench, copy_gbps, rows)
+        write_rows(csv_path, rows)
+        del pb
+        torch.cuda.empty_cache()
+    write_rows(csv_path, rows)  # the file exists even when every config was skipped
     plot(csv_path, args.out / PNG_NAME)
     print(f"wrote {csv_path} and {args.out / PNG_NAME}")
     if not all_ok:

@@ -16,27 +16,30 @@ x and y, dt, B and C once each in the input dtype, plus the fp32 states read (in
 (final and captured). Correctness is checked before anything is reported: the timed path against
 the oracle on a short prefix, and the in-pass capture against the two-pass state at full length.
 
-    python -m experiments.bench_ssd_scan                       # CPU default: a few minutes
-    python -m experiments.bench_ssd_scan --tokens 8192 32768 --shapes bamba-9b nemotron-h-8b
-    python -m experiments.bench_ssd_scan --plot-only           # redraw the PNG from the CSV
+Writes ``results/bench_ssd_scan/bench_ssd_scan.csv`` (device, versions, config, numbers) and a PNG
+drawn from the CSV.
+
+    python -m experiments.bench.ssd_scan                       # CPU default: a few minutes
+    python -m experiments.bench.ssd_scan --tokens 8192 32768 --shapes bamba-9b nemotron-h-8b
+    python -m experiments.bench.ssd_scan --plot-only           # redraw the PNG from the CSV
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import math
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from kernels.reference.ssd import ssd_scan_chunked, ssd_scan_sequential
+from experiments.results_io import RESULTS, environment, read_csv, save_figure, write_csv
+from kernels.reference.ssd import ssd_scan_sequential
 from kernels.testing import assert_close
+from kernels.torch_cpu.ssd import ssd_scan_chunked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,122 +129,138 @@ def time_cpu(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def run(args) -> list[dict]:
+def scan_under_test(args) -> tuple:
+    """(cuda, device, dtype, scan, impl): the Triton scan in bf16 on CUDA, else the CPU path in fp32."""
     cuda = torch.cuda.is_available() and not args.cpu
-    device = "cuda" if cuda else "cpu"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    es = torch.finfo(dtype).bits // 8
+    if cuda:
+        from kernels.ssd_scan import ssd_scan
+
+        return True, "cuda", torch.bfloat16, ssd_scan, "triton"
+    return False, "cpu", torch.float32, ssd_scan_chunked, "torch-chunked"
+
+
+def mamba_ssm_peer():
+    """`mamba_chunk_scan_combined`, or None where mamba_ssm does not import."""
     try:
-        import triton
-
-        triton_version = triton.__version__
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
     except ImportError:
-        triton_version = ""
-    if cuda:
-        from kernels.ssd_scan import ssd_scan as scan
+        print("mamba_ssm not importable: no peer row")
+        return None
+    return mamba_chunk_scan_combined
 
-        impl = "triton"
-        device_name = torch.cuda.get_device_name()
-    else:
-        scan = ssd_scan_chunked
-        impl = "torch-chunked"
-        device_name = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    chunk = args.chunk_size or (256 if cuda else 128)
-    peer = None
-    if cuda:
-        try:
-            from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as peer
-        except ImportError:
-            print("mamba_ssm not importable: no peer row")
 
+def variants_at(scan, peer, inp: dict, T: int, chunk: int) -> dict:
+    """name -> (captures, call) for one prefill length."""
+    o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
+    variants = {
+        "none": (0, lambda: scan(**inp, chunk_size=chunk)),
+        "capture1": (1, lambda: scan(**inp, capture_offsets=[o1], chunk_size=chunk)),
+        "capture4": (4, lambda: scan(**inp, capture_offsets=[o4], chunk_size=chunk)),
+        "two_pass": (1, lambda: two_pass(scan, inp, o1[0], chunk_size=chunk)),
+    }
+    if peer is not None:
+        def run_peer():
+            return peer(inp["x"][None], inp["dt"][None], inp["A"], inp["B"][None], inp["C"][None], chunk,
+                        D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True,
+                        initial_states=inp["initial_states"], return_final_states=True)
+        variants["mamba_ssm"] = (0, run_peer)
+    return variants
+
+
+def time_variants(variants: dict, cuda: bool, args) -> dict[str, list[float]]:
+    """Wall ms per variant: one do_bench median on CUDA; on a CPU, interleaved rotated rounds."""
+    wall: dict[str, list[float]] = {v: [] for v in variants}
+    if cuda:
+        import triton.testing
+
+        for name, (_, fn) in variants.items():
+            wall[name] = [triton.testing.do_bench(fn, warmup=args.warmup_ms, rep=args.rep_ms, return_mode="median")]
+        return wall
+    for name, (_, fn) in variants.items():  # warm-up
+        fn()
+    order = list(variants)
+    for r in range(args.repeats):  # interleaved, rotated rounds: noise hits every variant alike
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            wall[name].append(time_cpu(variants[name][1]))
+    return wall
+
+
+def bench_length(scan, peer, shape_name: str, T: int, chunk: int, dtype, device, es: int, cuda: bool, base: dict,
+                 args) -> list[dict]:
+    """Gate the in-pass capture against two passes at full length, then time every variant."""
+    shape = SHAPES[shape_name]
+    inp = make_inputs(T, shape, dtype, device)
+    variants = variants_at(scan, peer, inp, T, chunk)
+    o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
+    # full-length gate: the in-pass capture equals the two-pass boundary state
+    c1 = variants["capture1"][1]()
+    a, b = variants["two_pass"][1]()
+    assert_close(c1.captured_states[0], a.final_states[0], dtype, f"T={T}: in-pass capture vs two-pass")
+    assert_close(c1.final_states, b.final_states, dtype, f"T={T}: final state, in-pass vs two-pass")
+    del c1, a, b
+
+    wall = time_variants(variants, cuda, args)
+    ref_ms = statistics.median(wall["none"])
+    ref_min = min(wall["none"])
     rows = []
-    base = dict(device=device_name, torch=torch.__version__, triton=triton_version, dtype=str(dtype).split(".")[-1],
-                chunk_size=chunk, bytes_model=BYTES_MODEL)
-    for shape_name in args.shapes:
-        shape = SHAPES[shape_name]
-        check_correctness(scan, shape, dtype, device, chunk)
-        print(f"{shape_name}: correctness gate passed ({impl}, {dtype})")
-        for T in args.tokens:
-            inp = make_inputs(T, shape, dtype, device)
-            o1 = capture_offsets(T, 1)
-            o4 = capture_offsets(T, 4)
-            variants = {
-                "none": (0, lambda: scan(**inp, chunk_size=chunk)),
-                "capture1": (1, lambda: scan(**inp, capture_offsets=[o1], chunk_size=chunk)),
-                "capture4": (4, lambda: scan(**inp, capture_offsets=[o4], chunk_size=chunk)),
-                "two_pass": (1, lambda: two_pass(scan, inp, o1[0], chunk_size=chunk)),
-            }
-            if peer is not None:
-                def run_peer():
-                    return peer(inp["x"][None], inp["dt"][None], inp["A"], inp["B"][None], inp["C"][None], chunk,
-                                D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True,
-                                initial_states=inp["initial_states"], return_final_states=True)
-                variants["mamba_ssm"] = (0, run_peer)
-
-            # full-length gate: the in-pass capture equals the two-pass boundary state
-            c1 = variants["capture1"][1]()
-            a, b = variants["two_pass"][1]()
-            assert_close(c1.captured_states[0], a.final_states[0], dtype, f"T={T}: in-pass capture vs two-pass")
-            assert_close(c1.final_states, b.final_states, dtype, f"T={T}: final state, in-pass vs two-pass")
-            del c1, a, b
-
-            wall: dict[str, list[float]] = {v: [] for v in variants}
-            if cuda:
-                import triton.testing
-
-                for name, (_, fn) in variants.items():
-                    wall[name] = [triton.testing.do_bench(fn, warmup=args.warmup_ms, rep=args.rep_ms,
-                                                          return_mode="median")]
-            else:
-                for name, (_, fn) in variants.items():  # warm-up
-                    fn()
-                order = list(variants)
-                for r in range(args.repeats):  # interleaved, rotated rounds: noise hits every variant alike
-                    for name in order[r % len(order):] + order[:r % len(order)]:
-                        wall[name].append(time_cpu(variants[name][1]))
-            ref_ms = statistics.median(wall["none"])
-            ref_min = min(wall["none"])
-            for name, (k, _) in variants.items():
-                ms = statistics.median(wall[name])
-                ms_min = min(wall[name])
-                nbytes = bytes_moved(T, shape, es, k)
-                rows.append(dict(base, loadavg_1m=round(os.getloadavg()[0], 2),
-                                 impl="mamba_ssm" if name == "mamba_ssm" else impl, shape=shape_name,
-                                 H=shape.H, P=shape.P, N=shape.N, G=shape.G, T=T, variant=name, captures=k,
-                                 offsets=" ".join(map(str, {0: [], 1: o1, 4: o4}[k])) if name != "two_pass" else str(o1[0]),
-                                 median_ms=round(ms, 4), min_ms=round(ms_min, 4), repeats=len(wall[name]),
-                                 bytes=nbytes, gbps=round(nbytes / ms / 1e6, 3),
-                                 overhead_vs_none_pct=round(100 * (ms / ref_ms - 1), 2),
-                                 min_overhead_vs_none_pct=round(100 * (ms_min / ref_min - 1), 2)))
-                print(f"  {shape_name} T={T:>6} {name:<10} median {ms:9.2f} ms {100 * (ms / ref_ms - 1):+6.2f}%  "
-                      f"min {ms_min:9.2f} ms {100 * (ms_min / ref_min - 1):+6.2f}%  {nbytes / ms / 1e6:7.2f} GB/s",
-                      flush=True)
-            del inp
-        if not cuda and args.sequential_tokens:
-            # chunked vs sequential at one short length (the oracle costs ~ms a token at this shape)
-            T = args.sequential_tokens
-            inp = make_inputs(T, shape, dtype, device)
-            for name, fn in (("chunked_short", lambda: scan(**inp, chunk_size=chunk)),
-                             ("sequential", lambda: ssd_scan_sequential(**inp))):
-                ts = [time_cpu(fn) for _ in range(max(1, args.repeats // 2))]
-                ms = statistics.median(ts)
-                nbytes = bytes_moved(T, shape, es, 0)
-                rows.append(dict(base, loadavg_1m=round(os.getloadavg()[0], 2),
-                                 impl="torch-sequential" if name == "sequential" else impl, shape=shape_name,
-                                 H=shape.H, P=shape.P, N=shape.N, G=shape.G, T=T, variant=name, captures=0, offsets="",
-                                 median_ms=round(ms, 4), min_ms=round(min(ts), 4), repeats=len(ts), bytes=nbytes,
-                                 gbps=round(nbytes / ms / 1e6, 3), overhead_vs_none_pct="",
-                                 min_overhead_vs_none_pct=""))
-                print(f"  {shape_name} T={T:>6} {name:<13} {ms:10.2f} ms")
+    for name, (k, _) in variants.items():
+        ms = statistics.median(wall[name])
+        ms_min = min(wall[name])
+        nbytes = bytes_moved(T, shape, es, k)
+        rows.append(dict(base, loadavg_1m=round(os.getloadavg()[0], 2),
+                         impl="mamba_ssm" if name == "mamba_ssm" else base["impl"], shape=shape_name,
+                         H=shape.H, P=shape.P, N=shape.N, G=shape.G, T=T, variant=name, captures=k,
+                         offsets=" ".join(map(str, {0: [], 1: o1, 4: o4}[k])) if name != "two_pass" else str(o1[0]),
+                         median_ms=round(ms, 4), min_ms=round(ms_min, 4), repeats=len(wall[name]),
+                         bytes=nbytes, gbps=round(nbytes / ms / 1e6, 3),
+                         overhead_vs_none_pct=round(100 * (ms / ref_ms - 1), 2),
+                         min_overhead_vs_none_pct=round(100 * (ms_min / ref_min - 1), 2)))
+        print(f"  {shape_name} T={T:>6} {name:<10} median {ms:9.2f} ms {100 * (ms / ref_ms - 1):+6.2f}%  "
+              f"min {ms_min:9.2f} ms {100 * (ms_min / ref_min - 1):+6.2f}%  {nbytes / ms / 1e6:7.2f} GB/s",
+              flush=True)
     return rows
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+def bench_sequential(scan, shape_name: str, chunk: int, dtype, device, es: int, base: dict, args) -> list[dict]:
+    """Chunked vs the sequential oracle at one short length (the oracle costs ~ms a token here)."""
+    shape = SHAPES[shape_name]
+    T = args.sequential_tokens
+    inp = make_inputs(T, shape, dtype, device)
+    rows = []
+    for name, fn in (("chunked_short", lambda: scan(**inp, chunk_size=chunk)),
+                     ("sequential", lambda: ssd_scan_sequential(**inp))):
+        ts = [time_cpu(fn) for _ in range(max(1, args.repeats // 2))]
+        ms = statistics.median(ts)
+        nbytes = bytes_moved(T, shape, es, 0)
+        rows.append(dict(base, loadavg_1m=round(os.getloadavg()[0], 2),
+                         impl="torch-sequential" if name == "sequential" else base["impl"], shape=shape_name,
+                         H=shape.H, P=shape.P, N=shape.N, G=shape.G, T=T, variant=name, captures=0, offsets="",
+                         median_ms=round(ms, 4), min_ms=round(min(ts), 4), repeats=len(ts), bytes=nbytes,
+                         gbps=round(nbytes / ms / 1e6, 3), overhead_vs_none_pct="",
+                         min_overhead_vs_none_pct=""))
+        print(f"  {shape_name} T={T:>6} {name:<13} {ms:10.2f} ms")
+    return rows
+
+
+def run(args) -> list[dict]:
+    cuda, device, dtype, scan, impl = scan_under_test(args)
+    es = torch.finfo(dtype).bits // 8
+    env = environment(device)
+    device_name = env["device_name"] if cuda else f"{env['device_name']}, {env['torch_threads']} threads"
+    chunk = args.chunk_size or (256 if cuda else 128)
+    peer = mamba_ssm_peer() if cuda else None
+    # the CSV's column order, as in earlier runs: environment, config, then loadavg_1m and impl (set per row)
+    base = dict(device=device_name, torch=env["torch"], triton=env["triton"], dtype=str(dtype).split(".")[-1],
+                chunk_size=chunk, bytes_model=BYTES_MODEL, loadavg_1m=None, impl=impl)
+    rows = []
+    for shape_name in args.shapes:
+        check_correctness(scan, SHAPES[shape_name], dtype, device, chunk)
+        print(f"{shape_name}: correctness gate passed ({impl}, {dtype})")
+        for T in args.tokens:
+            rows += bench_length(scan, peer, shape_name, T, chunk, dtype, device, es, cuda, base, args)
+        if not cuda and args.sequential_tokens:
+            rows += bench_sequential(scan, shape_name, chunk, dtype, device, es, base, args)
+    return rows
 
 
 def plot(csv_path: Path, png_path: Path) -> None:
@@ -251,11 +270,11 @@ def plot(csv_path: Path, png_path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with csv_path.open() as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(csv_path)
     main = [r for r in rows if r["overhead_vs_none_pct"] != ""]
     # medians on CUDA (do_bench); on a shared CPU the min over interleaved rounds (contention only adds)
-    ov_key = "min_overhead_vs_none_pct" if main and main[0]["device"].startswith("cpu") else "overhead_vs_none_pct"
+    on_cpu = bool(main) and main[0]["device"].lower().startswith("cpu")
+    ov_key = "min_overhead_vs_none_pct" if on_cpu else "overhead_vs_none_pct"
     groups = sorted({(r["shape"], int(r["T"])) for r in main}, key=lambda g: (g[0], g[1]))
     variants = list(dict.fromkeys(r["variant"] for r in main))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -283,8 +302,8 @@ def plot(csv_path: Path, png_path: Path) -> None:
         title += f"\nchunked vs sequential oracle at T={seq['sequential']['T']}: {speedup:.1f}x faster"
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=120)
+    save_figure(fig, png_path)
+    plt.close(fig)
 
 
 def main(argv=None) -> None:
@@ -300,7 +319,7 @@ def main(argv=None) -> None:
     p.add_argument("--sequential-tokens", type=int, default=512,
                    help="CPU: length of the chunked-vs-sequential comparison (0 skips it)")
     p.add_argument("--cpu", action="store_true", help="time the CPU torch path even when CUDA is present")
-    p.add_argument("--out", type=Path, default=Path("results/bench_ssd_scan"), help="output folder (CSV + PNG)")
+    p.add_argument("--out", type=Path, default=RESULTS / "bench_ssd_scan", help="output folder (CSV + PNG)")
     p.add_argument("--plot-only", action="store_true", help="only redraw the PNG from the existing CSV")
     args = p.parse_args(argv)
     csv_path, png_path = args.out / "bench_ssd_scan.csv", args.out / "bench_ssd_scan.png"
@@ -308,7 +327,7 @@ def main(argv=None) -> None:
         if args.shapes is None:
             args.shapes = ["bamba-9b", "nemotron-h-8b"] if torch.cuda.is_available() and not args.cpu else ["small"]
         rows = run(args)
-        write_csv(rows, csv_path)
+        write_csv(csv_path, rows)
         print(f"wrote {csv_path}")
     plot(csv_path, png_path)
     print(f"wrote {png_path}")

@@ -1,0 +1,96 @@
+"""Packed variable-length batches, shared by the SSD scan and the causal conv1d.
+
+Sequences are packed along tokens with `cu_seqlens` (S+1,). `capture_offsets[s]` lists token
+offsets o (0 < o < len_s, strictly increasing) at which the state after tokens [0, o) of
+sequence s is returned; captures are packed sequence by sequence, offsets ascending. Decode steps
+update state pools in place through `slot_idx` (one distinct slot a sequence).
+
+`build_chunk_table` splits such a batch into *logical chunks* that never span a sequence: the
+Triton SSD scan cuts them at capture offsets too, the CPU chunked scan and the conv kernel's
+token tiles use them without cuts.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+from kernels.checks import require
+from kernels.contracts.tensors import INDEX_DTYPES, check_tensor
+
+
+def check_seqlens(cu_seqlens, total_tokens: int, device) -> list[int]:
+    """Validates `cu_seqlens` (S+1,) int32/int64, 0 .. T, non-decreasing; returns the lengths."""
+    check_tensor("cu_seqlens", cu_seqlens, (None,), INDEX_DTYPES, device)
+    require(cu_seqlens.numel() >= 2, "cu_seqlens", "needs at least 2 entries (S+1 with S >= 1)")
+    cu = cu_seqlens.tolist()  # one host sync: the chunk table is built on the host anyway
+    require(cu[0] == 0 and cu[-1] == total_tokens, "cu_seqlens",
+            f"must start at 0 and end at T={total_tokens}, got {cu[0]} .. {cu[-1]}")
+    lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    require(min(lens) >= 0, "cu_seqlens", "must be non-decreasing")
+    return lens
+
+
+def check_capture_offsets(capture_offsets, seqlens: Sequence[int]) -> list[list[int]]:
+    """Validates offsets: S lists of ints, strictly increasing, each 0 < o < len."""
+    if capture_offsets is None:
+        return [[] for _ in seqlens]
+    require(isinstance(capture_offsets, (list, tuple)) and len(capture_offsets) == len(seqlens),
+            "capture_offsets", f"expected a list of S={len(seqlens)} lists of ints")
+    out = []
+    for s, (offs, n) in enumerate(zip(capture_offsets, seqlens)):
+        require(isinstance(offs, (list, tuple)), "capture_offsets",
+                f"entry {s} must be a list of ints, got {type(offs).__name__}")
+        offs = list(offs)
+        for o in offs:
+            require(isinstance(o, int) and not isinstance(o, bool), "capture_offsets",
+                    f"sequence {s}: offsets must be ints, got {o!r}")
+            require(0 < o < n, "capture_offsets", f"sequence {s}: offset {o} outside the allowed range 0 < o < len={n}")
+        if any(b <= a for a, b in zip(offs[:-1], offs[1:])):
+            require(False, "capture_offsets", f"sequence {s}: offsets must be strictly increasing, got {offs}")
+        out.append(offs)
+    return out
+
+
+def check_slot_idx(slot_idx, num_slots: int, count: int) -> None:
+    """Slots in range and distinct. Reads slot_idx on the host: one sync, which a caller inside a
+    CUDA graph skips with `check_slots=False`."""
+    if count == 0:
+        return
+    lo, hi = int(slot_idx.min()), int(slot_idx.max())
+    require(0 <= lo and hi < num_slots, "slot_idx", f"slots must lie in 0 .. {num_slots - 1}, got {lo} .. {hi}")
+    require(torch.unique(slot_idx).numel() == count, "slot_idx",
+            "slots must be distinct (two sequences cannot update one state)")
+
+
+class ChunkTable(NamedTuple):
+    """Logical chunks: each lies inside one sequence and holds at most `chunk_size` tokens."""
+
+    start: list[int]  # global token index of the chunk's first token
+    length: list[int]  # 1 .. chunk_size
+    seq: list[int]  # sequence index
+    capture: list[int]  # capture slot filled with the state after this chunk, or -1
+    seq_chunks: list[int]  # (S+1,) first chunk of each sequence; a sequence of length 0 has none
+
+
+def build_chunk_table(seqlens: Sequence[int], offsets: Sequence[Sequence[int]], chunk_size: int) -> ChunkTable:
+    """Chunk ends: every `chunk_size` tokens from each sequence's start, every capture offset,
+    and the sequence end. A capture splits one chunk in two, so the chunks after it keep their
+    places; K captures add at most K chunks."""
+    start, length, seq, capture, seq_chunks = [], [], [], [], [0]
+    tok, k = 0, 0
+    for s, n in enumerate(seqlens):
+        cuts = sorted(set(range(chunk_size, n, chunk_size)) | set(offsets[s]) | {n}) if n > 0 else []
+        cap_at = {o: k + i for i, o in enumerate(offsets[s])}
+        k += len(offsets[s])
+        lo = 0
+        for hi in cuts:
+            start.append(tok + lo)
+            length.append(hi - lo)
+            seq.append(s)
+            capture.append(cap_at.get(hi, -1))
+            lo = hi
+        tok += n
+        seq_chunks.append(len(start))
+    return ChunkTable(start, length, seq, capture, seq_chunks)

@@ -1,0 +1,93 @@
+"""Paged KV write and paged attention in PyTorch, as the model's `torch` backend runs them on CPU.
+
+Contract and layout: `kernels.contracts.paged_attention`; the oracles they are tested against:
+`kernels.reference.paged_attention`. `paged_attention_cpu` is written for speed as well as
+clarity: one gather per sequence, batched matmuls with the query heads that share a KV head
+folded into the rows, an in-place softmax, and query rows processed in blocks so the fp32 score
+matrix stays under `SCORE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.contracts.paged_attention import check_kv_cache_write_args, check_paged_attention_args
+
+# Budget for one block of fp32 scores. 128 MiB keeps the peak (scores + the in-place softmax,
+# no second copy) well under 256 MiB; a chunk of 8192 queries x 40K keys x 4 heads is 5 GiB
+# unblocked.
+SCORE_BYTES = 128 * 2**20
+
+
+def write_kv_cache_cpu(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write token ``t``'s K/V (``(T, num_kv_heads, head_dim)``) into slot ``slot_mapping[t]``; -1 skips."""
+    check_kv_cache_write_args(key, value, key_cache, value_cache, slot_mapping)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    num_kv_heads, head_dim = key_cache.shape[2:]
+    key_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep]
+    value_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep]
+
+
+def paged_attention_cpu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed varlen queries over their paged K/V, in fp32.
+
+    query ``(T, Hq, D)``, caches ``(num_blocks, block_size, Hkv, D)``, block_tables
+    ``(S, max_blocks)`` int32, seq_lens ``(S,)`` int32, cu_seqlens_q ``(S + 1,)`` int32.
+    Returns ``(T, Hq, D)`` in the query dtype (written into ``out`` when given).
+    """
+    meta = check_paged_attention_args(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
+    num_tokens, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1:3]
+    group = num_q_heads // num_kv_heads
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    k_slots = key_cache.view(-1, num_kv_heads, head_dim)
+    v_slots = value_cache.view(-1, num_kv_heads, head_dim)
+
+    for s in range(meta.num_seqs):
+        q_start, q_len, seq_len = meta.cu_seqlens_q[s], meta.q_lens[s], meta.seq_lens[s]
+        if q_len == 0:
+            continue
+        context_len = seq_len - q_len
+        # Gather this sequence's keys through its block table: (Hkv, seq_len, D) in fp32.
+        pos = torch.arange(seq_len, device=query.device)
+        slots = block_tables[s, pos // block_size].long() * block_size + pos % block_size
+        k = k_slots[slots].float().transpose(0, 1)
+        v = v_slots[slots].float().transpose(0, 1)
+
+        rows_per_block = max(1, SCORE_BYTES // (4 * num_q_heads * seq_len))
+        for r0 in range(0, q_len, rows_per_block):
+            r1 = min(q_len, r0 + rows_per_block)
+            n_rows, n_keys = r1 - r0, context_len + r1  # keys past the block's last query are masked for all rows
+            # Fold the query heads that share a KV head into the rows: (Hkv, n_rows * group, D).
+            q = query[q_start + r0 : q_start + r1].float().view(n_rows, num_kv_heads, group, head_dim)
+            q = q.permute(1, 0, 2, 3).reshape(num_kv_heads, n_rows * group, head_dim)
+            scores = torch.matmul(q, k[:, :n_keys].transpose(1, 2)).mul_(scale)
+            q_pos = context_len + torch.arange(r0, r1, device=query.device)
+            future = torch.arange(n_keys, device=query.device)[None, :] > q_pos[:, None]  # (n_rows, n_keys)
+            scores.view(num_kv_heads, n_rows, group, n_keys).masked_fill_(future[None, :, None, :], float("-inf"))
+            # Softmax in place (key 0 is visible to every row, so each row max is finite).
+            scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+            denom = scores.sum(dim=-1, keepdim=True)
+            o = torch.matmul(scores, v[:, :n_keys]).div_(denom)  # (Hkv, n_rows * group, D)
+            o = o.view(num_kv_heads, n_rows, group, head_dim).permute(1, 0, 2, 3).reshape(n_rows, num_q_heads, head_dim)
+            out[q_start + r0 : q_start + r1] = o.to(out.dtype)
+    return out
