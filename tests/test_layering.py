@@ -31,27 +31,6 @@ ALLOWED = {
 }
 FORBIDDEN_IN_MODEL_CORE = ("model.engine",)
 
-# Known violations of the tree this test was written on, as "path: message" (the line left out,
-# so edits elsewhere in the file do not move them). Delete entries as they are fixed: the test
-# fails on an entry that no longer occurs.
-KNOWN_VIOLATIONS: frozenset[str] = frozenset({
-    # removed by the kernels reorganization (the `kernels` branch): shared checks taken privately
-    "kernels/causal_conv1d.py: imports private name _fail from kernels.reference.ssd",
-    "kernels/conv1d_decode.py: imports private name _fail from kernels.reference.ssd",
-    "kernels/reference/conv1d.py: imports private name _check_tensor from kernels.reference.ssd",
-    "kernels/reference/conv1d.py: imports private name _fail from kernels.reference.ssd",
-    # the benchmark times the bare launch through the kernel's internals; removed when
-    # kernels.paged_attention exposes them (kernels reorganization) and the benchmark uses those
-    "experiments/bench_paged_attention.py: uses private name _launch of kernels.paged_attention",
-    "experiments/bench_paged_attention.py: uses private name _choose_config of kernels.paged_attention",
-    "experiments/bench_paged_attention.py: uses private name _is_decode of kernels.paged_attention",
-    "experiments/bench_paged_attention.py: uses private name _sm_count of kernels.paged_attention",
-})
-
-
-def _without_line(violation: str) -> str:
-    path, _line, message = violation.split(":", 2)
-    return f"{path}:{message}"
 
 
 def layer_of(module: str) -> str | None:
@@ -158,10 +137,7 @@ def violations(root: pathlib.Path = REPO) -> list[str]:
 
 def test_no_import_points_the_wrong_way_and_no_private_name_is_imported():
     found = violations()
-    unexpected = [v for v in found if _without_line(v) not in KNOWN_VIOLATIONS]
-    assert not unexpected, "layering violations:\n" + "\n".join(unexpected)
-    stale = sorted(KNOWN_VIOLATIONS - {_without_line(v) for v in found})
-    assert not stale, "KNOWN_VIOLATIONS lists entries that are gone (delete them):\n" + "\n".join(stale)
+    assert not found, "layering violations:\n" + "\n".join(found)
 
 
 def test_the_checker_finds_every_kind_of_violation():
