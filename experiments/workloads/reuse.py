@@ -10,7 +10,7 @@ ShareGPT the next turn's prompt contains the reply, so the two differ there.
 
 Block prefixes are identified by 64-bit polynomial hashes of per-block hashes (collisions: about
 n^2 / 2^64, under 1e-5 for the 6 M distinct 16-token prefixes of the conversation trace), kept in
-a sorted NumPy array with a small Python-set front: about 16 bytes per distinct prefix in all.
+a sorted NumPy array per cache (8 bytes per distinct prefix) with a small Python-set front.
 """
 
 from __future__ import annotations

