@@ -1,4 +1,5 @@
-"""Writing results: atomic file replacement, the environment record, and `--shard i/n` parsing."""
+"""Writing results: atomic file replacement, the environment record, the progress log, and `--shard i/n`
+parsing."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ import json
 import os
 import platform
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
+
+
+def log(msg: str) -> None:
+    """A timestamped progress line on stdout (flushed: experiments run for minutes)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def environment(device: str = "cpu") -> dict[str, Any]:
