@@ -114,7 +114,8 @@ class ReferenceLogits:
     def __call__(self, prompt: list[int], block_size: int, budget: int):
         key = (tuple(prompt), block_size, budget)
         if key not in self.cache:
-            engine = make_engine(self.model, dense_serve(block_size, budget, [len(prompt)], enable_prefix_caching=False))
+            sched = dense_serve(block_size, budget, [len(prompt)], enable_prefix_caching=False)
+            engine = make_engine(self.model, sched)
             req = serve(engine, prompt, "reference")
             self.cache[key] = (engine.prompt_logits["reference"], req.output_token_ids[0])
         return self.cache[key]

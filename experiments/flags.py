@@ -21,9 +21,7 @@ Check = Callable[[str], object]
 
 
 def _range_text(lo, hi) -> str:
-    if hi is None:
-        return f">= {lo}"
-    return f"in [{lo}, {hi}]"
+    return f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
 
 
 def int_in_range(lo: int, hi: int | None = None) -> Check:
@@ -38,7 +36,6 @@ def int_in_range(lo: int, hi: int | None = None) -> Check:
             raise argparse.ArgumentTypeError(f"must be an integer {_range_text(lo, hi)}, got {text!r}")
         return n
 
-    check.__name__ = f"integer {_range_text(lo, hi)}"
     return check
 
 
@@ -56,7 +53,6 @@ def float_in_range(lo: float, hi: float | None = None, lo_open: bool = False) ->
             raise argparse.ArgumentTypeError(f"must be a number {bound}, got {text!r}")
         return x
 
-    check.__name__ = f"number {bound}"
     return check
 
 
@@ -71,7 +67,8 @@ def int_list(lo: int, hi: int | None = None) -> Check:
         try:
             return [one(x) for x in items]
         except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"every item must be an integer {_range_text(lo, hi)}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"every item must be an integer {_range_text(lo, hi)}, got {text!r}") from None
 
     return check
 
@@ -141,7 +138,8 @@ def model_name(text: str) -> str:
         return text
     folder = Path(text)
     if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"expected a preset ({', '.join(PRESETS)}) or a checkpoint folder, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a preset ({', '.join(PRESETS)}) or a checkpoint folder, got {text!r}")
     try:
         HybridConfig.from_json_file(folder / "config.json")
     except (OSError, ValueError) as e:
@@ -168,8 +166,12 @@ def require_block_of_budget(ap: argparse.ArgumentParser, budget: int, block_size
 
 
 CHUNK_POLICIES = tuple(sorted(POLICIES))  # the planner's registry (planner.prefill_plan.get_policy)
-THREADS_HELP = ("torch CPU threads (default 1: robust to other jobs on the cores, see experiments/runs.py; "
-                "0 = torch's default)")
+
+# One torch thread. With 2 threads, each op's OpenMP barrier waits for whichever thread another
+# process has descheduled: at load ~3.5 on the 2-core machine a 28-token warm replay took 2.5 s
+# with 2 threads and 25 ms with 1. Unloaded, 2 threads are only ~15% faster on a 32K prefill.
+DEFAULT_THREADS = 1
+THREADS_HELP = "torch CPU threads (default 1: robust to other jobs on the cores; 0 = torch's default)"
 
 
 def add_model_flags(ap: argparse.ArgumentParser, dtypes=("float32", "bfloat16"), backend: bool = True,
@@ -183,8 +185,7 @@ def add_model_flags(ap: argparse.ArgumentParser, dtypes=("float32", "bfloat16"),
     if dtypes:
         ap.add_argument("--dtype", default=dtypes[0], choices=dtypes, help=dtype_help)
     ap.add_argument("--seed", type=int_in_range(0, 2**32 - 1), default=0, help="weights and prompt seed")
-    ap.add_argument("--threads", type=int_in_range(0), default=1,
-                    help=THREADS_HELP)
+    ap.add_argument("--threads", type=int_in_range(0), default=DEFAULT_THREADS, help=THREADS_HELP)
 
 
 def add_policy_flag(ap: argparse.ArgumentParser, what: str) -> None:

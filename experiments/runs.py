@@ -48,12 +48,7 @@ SEED_SHAPE = {"prompt_len": 32772, "block_size": 16, "budget": 8192}
 
 # ------------------------------------------------------------------------------------------ machine
 def set_threads(n: int) -> None:
-    """torch CPU threads; 0 leaves torch's default.
-
-    The experiments default to 1. On the shared 2-core machine 2 threads collapse whenever
-    another process is busy: each op's OpenMP barrier waits for a descheduled thread (at load
-    ~3.5 a 28-token warm replay took 2.5 s with 2 threads and 25 ms with 1). Unloaded, 2 threads
-    are only ~15% faster on a 32K prefill."""
+    """torch CPU threads; 0 leaves torch's default (the experiments default to 1: flags.DEFAULT_THREADS)."""
     require(n >= 0, "threads", f"must be >= 0 (0 = torch's default), got {n}")
     if n:
         torch.set_num_threads(n)

@@ -94,7 +94,8 @@ def test_a_checkpoint_missing_tensors_fails_at_load_naming_the_folder(tmp_path, 
 
 @pytest.mark.parametrize("args, flag", [
     (["--repeats", "0"], "--repeats"), (["--interval", "-1"], "--interval"), (["--threads", "-2"], "--threads"),
-    (["--model", "no-such-preset"], "--model/--preset"), (["--policy", "legacy"], "--policy"), (["--seed", "x"], "--seed"),
+    (["--model", "no-such-preset"], "--model/--preset"), (["--policy", "legacy"], "--policy"),
+    (["--seed", "x"], "--seed"),
     (["--block-size", "16", "--budget", "8"], "--budget")])
 def test_warm_restore_other_flags(tmp_path, capsys, args, flag):
     out = tmp_path / "out"
@@ -125,5 +126,6 @@ def test_the_command_line_ends_in_one_usage_line(tmp_path, module):
     res = subprocess.run([sys.executable, "-m", module, "--block-size", "0", "--out", str(out)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stdout == ""
-    assert res.stderr.strip().splitlines()[-1].endswith("error: argument --block-size: must be an integer >= 1, got '0'")
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.endswith("error: argument --block-size: must be an integer >= 1, got '0'")
     assert not out.exists()

@@ -49,7 +49,8 @@ def test_prompts_chain_turns_and_branches():
     system, sessions = source.system, source.sessions
     assert sum(s.parent is not None for s in sessions) == 3
     requests = {r.request_id: r for r in source.requests()}
-    assert [(r.session, r.turn, r.copy) for r in requests.values()] == [(st.sid, st.turn, st.copy) for st in source.order]
+    order = [(st.sid, st.turn, st.copy) for st in source.order]
+    assert [(r.session, r.turn, r.copy) for r in requests.values()] == order
     # stand-in replies of the right length, distinct per request so a wrong reference shows
     replies = {rid: [i] * r.max_new_tokens for i, (rid, r) in enumerate(requests.items())}
     lens = {rid: r.max_new_tokens for rid, r in requests.items()}

@@ -118,7 +118,8 @@ def main(argv=None) -> int:
     study, source, snapshot_nbytes = build_study(ap, args, wcfg)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if k not in ("out", "shard", "merge", "plot_only", "configs", "quick")} | {
-        "preset": args.model, "configs": [c.name for c in configs], "snapshot_budget_bytes": study.snapshot_budget_bytes,
+        "preset": args.model, "configs": [c.name for c in configs],
+        "snapshot_budget_bytes": study.snapshot_budget_bytes,
         "snapshot_nbytes": snapshot_nbytes, "kv_pool_blocks": study.kv_pool_blocks,
         "workload_meta": source.describe()}
     part = run_configs(study, configs, config, args.out, args.shard, args.device)
