@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from kernels.checks import require
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
 
@@ -103,8 +105,7 @@ def parse_shard(text: str) -> tuple[int, int]:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
         raise ValueError(f"--shard: expected i/n (e.g. 0/4), got {text!r}") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise ValueError(f"--shard: need n >= 1 and 0 <= i < n, got {text!r}")
+    require(n >= 1 and 0 <= i < n, "--shard", f"need n >= 1 and 0 <= i < n, got {text!r}")
     return i, n
 
 

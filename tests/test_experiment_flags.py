@@ -113,7 +113,8 @@ def test_ablations_other_flags(tmp_path, capsys, args, flag):
 
 @pytest.mark.parametrize("args, flag", [
     (["--eviction", "lru,random"], "--eviction"), (["--branch-fraction", "1.5"], "--branch-fraction"),
-    (["--configs", "aligned,nope"], "--configs"), (["--turns-min", "5", "--turns-max", "3"], "workload flags")])
+    (["--configs", "aligned,nope"], "--configs"), (["--turns-min", "5", "--turns-max", "3"], "argument --turns-min: must be <= --turns-max (3), got 5"),
+    (["--quick", "--user-min", "50"], "argument --user-min: must be <= --user-max (40), got 50")])
 def test_multiturn_other_flags(tmp_path, capsys, args, flag):
     out = tmp_path / "out"
     assert flag in usage_error(capsys, lambda: MAINS["multiturn"](out, "--runner", "placeholder", *args))

@@ -60,10 +60,12 @@ def parser() -> argparse.ArgumentParser:
 def workload_config(ap: argparse.ArgumentParser, args) -> WorkloadConfig:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(WorkloadConfig)
                  if f.name != "seed" and getattr(args, f.name) is not None}
-    try:
-        return WorkloadConfig(**((QUICK if args.quick else {}) | overrides | {"seed": args.seed}))
-    except ValueError as e:
-        ap.error(f"workload flags (--sessions .. --open-sessions): {e}")
+    fields = dataclasses.asdict(WorkloadConfig()) | (QUICK if args.quick else {}) | overrides | {"seed": args.seed}
+    for what in ("system", "turns", "user", "reply"):  # each flag alone is checked when parsed; here the pairs
+        lo, hi = fields[f"{what}_min"], fields[f"{what}_max"]
+        if lo > hi:
+            ap.error(f"argument --{what}-min: must be <= --{what}-max ({hi}), got {lo}")
+    return WorkloadConfig(**fields)
 
 
 def chosen_configs(ap: argparse.ArgumentParser, args) -> list[RunConfig]:

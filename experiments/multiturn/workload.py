@@ -32,6 +32,8 @@ import random
 import statistics
 from typing import Iterator, Mapping, Protocol, Sequence
 
+from kernels.checks import require
+
 
 # ------------------------------------------------------------------------------------------ interface
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +106,12 @@ class WorkloadConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if not (1 <= self.system_min <= self.system_max and 1 <= self.turns_min <= self.turns_max
+        require(1 <= self.system_min <= self.system_max and 1 <= self.turns_min <= self.turns_max
                 and 1 <= self.user_min <= self.user_max and 1 <= self.reply_min <= self.reply_max
-                and self.sessions >= 1 and self.open_sessions >= 1):
-            raise ValueError(f"workload: every min must be >= 1 and <= its max, got {self}")
-        if not (0.0 <= self.branch_fraction <= 1.0 and 0.0 <= self.regenerate_fraction <= 1.0):
-            raise ValueError("workload: branch_fraction and regenerate_fraction must lie in [0, 1]")
+                and self.sessions >= 1 and self.open_sessions >= 1,
+                "workload", f"every min must be >= 1 and <= its max, got {self}")
+        require(0.0 <= self.branch_fraction <= 1.0 and 0.0 <= self.regenerate_fraction <= 1.0,
+                "workload", "branch_fraction and regenerate_fraction must lie in [0, 1]")
 
 
 # A tiny workload (4 short sessions) for tests: seconds on the "tiny" model.
