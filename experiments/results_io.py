@@ -1,4 +1,5 @@
-"""Writing results: atomic file replacement, the environment record, and `--shard i/n` parsing."""
+"""Writing results: atomic file replacement, the environment record, the progress log, and `--shard i/n`
+parsing."""
 
 from __future__ import annotations
 
@@ -8,11 +9,19 @@ import json
 import os
 import platform
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from kernels.checks import require
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
+
+
+def log(msg: str) -> None:
+    """A timestamped progress line on stdout (flushed: experiments run for minutes)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def environment(device: str = "cpu") -> dict[str, Any]:
@@ -96,8 +105,7 @@ def parse_shard(text: str) -> tuple[int, int]:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
         raise ValueError(f"--shard: expected i/n (e.g. 0/4), got {text!r}") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise ValueError(f"--shard: need n >= 1 and 0 <= i < n, got {text!r}")
+    require(n >= 1 and 0 <= i < n, "--shard", f"need n >= 1 and 0 <= i < n, got {text!r}")
     return i, n
 
 

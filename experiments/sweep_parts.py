@@ -8,18 +8,22 @@ check (those rows are never written). `merge` reads the parts of one sweep, refu
 every point of the list was measured by exactly one shard, and writes `<name>.csv` (rows) and
 `<name>.json` (config, environments, failures); figures are plotted from that CSV.
 
-Any launcher can split a sweep: run `--shard 0/4` .. `--shard 3/4` anywhere, copy the parts
-into one folder, run `--merge`.
+`run_shard` is the one measuring loop (the ablations' points, the multi-turn configurations):
+it measures this shard's points, records a point whose `measure` raises `PointFailed` as failed,
+and rewrites the part after every point. Any launcher can split a sweep: run `--shard 0/4` ..
+`--shard 3/4` anywhere, copy the parts into one folder, run `--merge`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from experiments.results_io import read_csv, write_csv, write_json
+from experiments.results_io import environment, log, read_csv, shard, write_csv, write_json
 
 
 def fingerprint(points: Sequence[dict], config: dict) -> str:
@@ -54,6 +58,40 @@ def write_part(out: Path, name: str, shard: tuple[int, int], fp: str, points: Se
 
 class IncompleteSweep(RuntimeError):
     pass
+
+
+class PointFailed(AssertionError):
+    """A point whose result failed its correctness check: recorded as failed, its rows never written."""
+
+
+def run_shard(out: Path, name: str, points: Sequence[dict], config: dict, spec: tuple[int, int],
+              measure: Callable[[int, dict], list[dict]], tag: Callable[[dict], dict], device: str = "cpu") -> dict:
+    """Measure the points of shard `spec` (index % n == i) with `measure(index, point) -> rows`.
+
+    Stale parts of this sweep (another split or definition) are removed first; the part is
+    rewritten after every point, so a killed shard keeps what it finished. A `PointFailed` is
+    logged and recorded as `{"point": index, **tag(point), "error": ...}`. Returns the part."""
+    fp = fingerprint(points, config)
+    for stale in clear_stale_parts(out, name, spec, fp):
+        log(f"removed stale part {stale}")
+    # the 1-minute load average beside the timings: other jobs on the same cores inflate them
+    env = environment(device) | {"loadavg_1m_start": os.getloadavg()[0]}
+    rows, done, failed = [], [], []
+    t0 = time.perf_counter()
+    for idx, p in shard(list(enumerate(points)), spec):
+        try:
+            new = measure(idx, p)
+        except PointFailed as e:
+            log(f"  POINT FAILED, not reported: {e}")
+            failed.append({"point": idx, **tag(p), "error": str(e)})
+        else:
+            rows.extend(new)
+            done.append(idx)
+        env["loadavg_1m_end"] = os.getloadavg()[0]
+        write_part(out, name, spec, fp, points, config, env, rows, done, failed)
+    log(f"{name}: shard {spec[0]}/{spec[1]} done in {time.perf_counter() - t0:.0f} s "
+        f"({len(done)} points, {len(failed)} failed)")
+    return {"rows": rows, "done": done, "failed": failed}
 
 
 def collect(out: Path, name: str) -> tuple[list[dict], list[dict], list[dict]]:

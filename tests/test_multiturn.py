@@ -4,8 +4,10 @@ import csv
 import dataclasses
 import json
 
-from experiments import multiturn
-from experiments.multiturn import Conversation, Step, WorkloadConfig, make_workload
+from experiments.multiturn import run
+from experiments.multiturn.cli import main
+from experiments.multiturn.workload import (KINDS, ReplyOf, Step, SyntheticSessions, WorkloadConfig, make_workload,
+                                            request_id)
 
 
 def test_workload_is_seeded_and_within_its_distributions():
@@ -43,24 +45,38 @@ def test_schedule_respects_session_order_branches_and_regenerations():
 
 def test_prompts_chain_turns_and_branches():
     cfg = WorkloadConfig(sessions=6, seed=2, branch_fraction=0.5)
-    system, sessions, _ = make_workload(cfg, 1000)
-    conv = Conversation(system, sessions)
+    source = SyntheticSessions(cfg, 1000)
+    system, sessions = source.system, source.sessions
+    assert sum(s.parent is not None for s in sessions) == 3
+    requests = {r.request_id: r for r in source.requests()}
+    order = [(st.sid, st.turn, st.copy) for st in source.order]
+    assert [(r.session, r.turn, r.copy) for r in requests.values()] == order
+    # stand-in replies of the right length, distinct per request so a wrong reference shows
+    replies = {rid: [i] * r.max_new_tokens for i, (rid, r) in enumerate(requests.items())}
+    lens = {rid: r.max_new_tokens for rid, r in requests.items()}
+
+    def prompt(sid, t):
+        return requests[request_id(sid, t)].prompt(replies)
+
     for s in sessions:
         for t in range(len(s.turns)):
-            conv.replies[(s.sid, t)] = [7] * s.turns[t].max_new_tokens  # stand-in replies of the right length
-    for s in sessions:
-        for t in range(len(s.turns)):
-            p = conv.prompt(Step(s.sid, t))
-            assert len(p) == conv.prompt_len(s.sid, t)
+            r = requests[request_id(s.sid, t)]
+            p = r.prompt(replies)
+            assert len(p) == r.prompt_len(lens)
+            assert r.prompt({}) is None if (t or s.parent is not None) else r.prompt({}) == p
             if t:
-                prev = conv.prompt(Step(s.sid, t - 1))
-                assert p == prev + conv.replies[(s.sid, t - 1)] + s.turns[t].user
+                assert r.kind == "next_turn"
+                assert p == prompt(s.sid, t - 1) + replies[request_id(s.sid, t - 1)] + s.turns[t].user
             elif s.parent is None:
-                assert p == system + s.turns[0].user
+                assert r.kind == "session_start" and p == system + s.turns[0].user
             else:
                 k = s.branch_after - 1
-                assert p == conv.prompt(Step(s.parent, k)) + conv.replies[(s.parent, k)] + s.turns[0].user
-    assert conv.prompt(Step(0, 0))[: len(system)] == system
+                assert r.kind == "branch_start" and ReplyOf(request_id(s.parent, k)) in r.segments
+                assert p == prompt(s.parent, k) + replies[request_id(s.parent, k)] + s.turns[0].user
+    regenerated = [r for r in requests.values() if r.copy]
+    assert regenerated and all(r.kind == "regenerate" and r.segments == requests[request_id(r.session, r.turn)].segments
+                               for r in regenerated)
+    assert source.describe()["n_requests"] == len(requests)
 
 
 def read(path):
@@ -70,13 +86,13 @@ def read(path):
 
 def test_study_end_to_end_on_the_tiny_model(tmp_path):
     out = tmp_path / "mt"
-    assert multiturn.main(["--preset", "tiny", "--quick", "--threads", "1", "--block-size", "4",
+    assert main(["--preset", "tiny", "--quick", "--threads", "1", "--block-size", "4",
                            "--prefill-budget", "32", "--interval", "4", "--snapshot-budget", "2",
                            "--out", str(out)]) == 0
     for f in ("summary.csv", "requests.csv", "multiturn.json", "multiturn.png"):
         assert (out / f).is_file(), f
     summary = {r["config"]: r for r in read(out / "summary.csv")}
-    assert list(summary) == [c.name for c in multiturn.CONFIGS]
+    assert list(summary) == [c.name for c in run.CONFIGS]
     requests = read(out / "requests.csv")
     meta = json.loads((out / "multiturn.json").read_text())
     n = meta["n_requests"]
@@ -100,13 +116,13 @@ def test_study_end_to_end_on_the_tiny_model(tmp_path):
             assert int(r["snapshots_evicted"]) > 0 and int(r["snapshot_bytes_held_peak"]) <= budget
         else:
             assert int(r["snapshots_evicted"]) == 0 and r["eviction"] == "none needed"
-        kinds = sum(int(r[f"replayed_{k}"]) for k in multiturn.KINDS)
+        kinds = sum(int(r[f"replayed_{k}"]) for k in KINDS)
         assert kinds == int(r["replayed_tokens"])
     # Restore never goes past the KV match, per request.
     assert all(int(r["restore_at"]) <= int(r["kv_match_tokens"]) for r in requests)
     # The placeholder runner reproduces every planner figure (other tokens, same lengths and ticks).
     ph = tmp_path / "ph"
-    assert multiturn.main(["--runner", "placeholder", "--preset", "tiny", "--quick", "--block-size", "4",
+    assert main(["--runner", "placeholder", "--preset", "tiny", "--quick", "--block-size", "4",
                            "--prefill-budget", "32", "--interval", "4", "--snapshot-budget", "2", "--out", str(ph)]) == 0
     keys = ("token_hit_rate", "ssm_restore_depth", "replayed_tokens", "snapshots_saved", "snapshots_evicted",
             "snapshots_restored")
@@ -114,7 +130,7 @@ def test_study_end_to_end_on_the_tiny_model(tmp_path):
 
 
 def test_a_changed_output_fails_the_study_and_writes_nothing(tmp_path, monkeypatch):
-    real = multiturn.replay
+    real = run.replay
     calls = []
 
     def corrupting(engine, *a, **k):
@@ -124,26 +140,26 @@ def test_a_changed_output_fails_the_study_and_writes_nothing(tmp_path, monkeypat
             rows[0]["output_token_ids"] = rows[0]["output_token_ids"] + [0]
         return rows, peak
 
-    monkeypatch.setattr(multiturn, "replay", corrupting)
+    monkeypatch.setattr(run, "replay", corrupting)
     out = tmp_path / "bad"
-    assert multiturn.main(["--runner", "placeholder", "--quick", "--configs", "legacy", "--out", str(out)]) == 1
+    assert main(["--runner", "placeholder", "--quick", "--configs", "legacy", "--out", str(out)]) == 1
     assert len(calls) == 2 and not (out / "summary.csv").exists()
 
 
 def test_shards_run_disjoint_configurations_and_merge_checks_them_together(tmp_path):
     out = tmp_path / "sh"
     args = ["--runner", "placeholder", "--quick", "--out", str(out)]
-    assert multiturn.main([*args, "--shard", "0/2"]) == 0
+    assert main([*args, "--shard", "0/2"]) == 0
     assert not (out / "summary.csv").exists()
-    assert multiturn.main([*args, "--shard", "1/2"]) == 0
-    assert multiturn.main([*args, "--merge"]) == 0
+    assert main([*args, "--shard", "1/2"]) == 0
+    assert main([*args, "--merge"]) == 0
     summary = read(out / "summary.csv")
-    assert [r["config"] for r in summary] == [c.name for c in multiturn.CONFIGS]
+    assert [r["config"] for r in summary] == [c.name for c in run.CONFIGS]
     parts = [json.loads(p.read_text()) for p in sorted((out / "parts").iterdir())]
-    names = [c.name for c in multiturn.CONFIGS]
+    names = [c.name for c in run.CONFIGS]
     assert [[r["config"] for r in p["rows"]] for p in parts] == [names[0::2], names[1::2]]
     # The same workload and planner give the same planner figures as one unsharded run.
     whole = tmp_path / "whole"
-    assert multiturn.main(["--runner", "placeholder", "--quick", "--out", str(whole)]) == 0
+    assert main(["--runner", "placeholder", "--quick", "--out", str(whole)]) == 0
     keys = ("token_hit_rate", "ssm_restore_depth", "replayed_tokens", "snapshots_saved", "snapshots_evicted")
     assert [[r[k] for k in keys] for r in summary] == [[r[k] for k in keys] for r in read(whole / "summary.csv")]

@@ -1,0 +1,193 @@
+"""Command-line flags shared by the experiments, each checked when parsed.
+
+Every checker here is an argparse `type=`: a bad value ends the command in argparse's usage
+error (one line naming the flag and what it accepts, exit code 2) before anything is built or
+written. Checks that involve two flags go through `parser.error` right after parsing, the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Callable, Iterable
+
+from experiments.results_io import parse_shard
+from model.config import PRESETS, HybridConfig
+from model.loading import INDEX_FILE, SINGLE_FILE
+from planner.prefill_plan import POLICIES
+
+Check = Callable[[str], object]
+
+
+def _range_text(lo, hi) -> str:
+    return f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+
+
+def int_in_range(lo: int, hi: int | None = None) -> Check:
+    """An integer lo <= n (<= hi)."""
+
+    def check(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < lo or (hi is not None and n > hi):
+            raise argparse.ArgumentTypeError(f"must be an integer {_range_text(lo, hi)}, got {text!r}")
+        return n
+
+    return check
+
+
+def float_in_range(lo: float, hi: float | None = None, lo_open: bool = False) -> Check:
+    """A float lo <= x (<= hi); with lo_open, lo < x."""
+    bound = ("> " if lo_open else ">= ") + f"{lo:g}" if hi is None else \
+        ("in (" if lo_open else "in [") + f"{lo:g}, {hi:g}]"
+
+    def check(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            x = float("nan")
+        if not (x > lo if lo_open else x >= lo) or (hi is not None and not x <= hi):
+            raise argparse.ArgumentTypeError(f"must be a number {bound}, got {text!r}")
+        return x
+
+    return check
+
+
+def int_list(lo: int, hi: int | None = None) -> Check:
+    """Comma-separated integers, each lo <= n (<= hi); at least one."""
+    one = int_in_range(lo, hi)
+
+    def check(text: str) -> list[int]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers {_range_text(lo, hi)}, got {text!r}")
+        try:
+            return [one(x) for x in items]
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"every item must be an integer {_range_text(lo, hi)}, got {text!r}") from None
+
+    return check
+
+
+def name_list(allowed: Iterable[str]) -> Check:
+    """Comma-separated names, each one of `allowed`, no repeats; at least one."""
+    allowed = tuple(allowed)
+
+    def check(text: str) -> list[str]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [x for x in items if x not in allowed]
+        if not items or bad or len(set(items)) != len(items):
+            raise argparse.ArgumentTypeError(f"expected distinct comma-separated names from {', '.join(allowed)}; "
+                                             f"got {text!r}")
+        return items
+
+    return check
+
+
+def shard_spec(text: str) -> tuple[int, int]:
+    """`i/n` with 0 <= i < n: run the points whose index % n == i (`results_io.parse_shard`)."""
+    try:
+        return parse_shard(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--shard: ")) from None
+
+
+def device_name(text: str) -> str:
+    """`cpu`, or `cuda`/`cuda:i` when this machine has that CUDA device."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:i, got {text!r}")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA device (torch {torch.__version__}); "
+                                             "use cpu")
+        if dev.index is not None and dev.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA device index must be in [0, {count - 1}]")
+    return text
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder (one file, or the shards of its index)."""
+    if (folder / INDEX_FILE).is_file():
+        try:
+            weight_map = json.loads((folder / INDEX_FILE).read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise argparse.ArgumentTypeError(f"{folder / INDEX_FILE}: not a safetensors index ({e})") from None
+        return sorted({folder / f for f in weight_map.values()})
+    if (folder / SINGLE_FILE).is_file():
+        return [folder / SINGLE_FILE]
+    raise argparse.ArgumentTypeError(f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}")
+
+
+def model_name(text: str) -> str:
+    """A preset name (model.config.PRESETS) or a checkpoint folder whose config and weight files open.
+
+    Only the config and the safetensors headers are read here (milliseconds); the weights load
+    later, in `experiments.runs.build_model`."""
+    if text in PRESETS:
+        return text
+    folder = Path(text)
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"expected a preset ({', '.join(PRESETS)}) or a checkpoint folder, got {text!r}")
+    try:
+        HybridConfig.from_json_file(folder / "config.json")
+    except (OSError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"{folder / 'config.json'}: {e}") from None
+    from safetensors import safe_open
+
+    for file in checkpoint_files(folder):
+        try:
+            with safe_open(file, framework="pt") as f:
+                f.keys()
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError, and OSError
+            raise argparse.ArgumentTypeError(f"{file}: not a readable safetensors file ({e})") from None
+    return text
+
+
+def require_block_of_budget(ap: argparse.ArgumentParser, budget: int, block_size: int, slots: int,
+                            budget_flag: str = "--budget", block_flag: str = "--block-size") -> None:
+    """Each tick hands out budget + slots tokens, and the scheduler admits a prompt longer than
+    that only with at least one whole block of it (`planner.scheduler`): a smaller budget never
+    admits the prompt. Ends in a usage error naming both flags."""
+    if budget + slots < block_size:
+        ap.error(f"argument {budget_flag}: must be >= {block_flag} - {slots} = {block_size - slots} (a tick hands out "
+                 f"budget + {slots} tokens and admits a prompt only with a whole block of them), got {budget}")
+
+
+CHUNK_POLICIES = tuple(sorted(POLICIES))  # the planner's registry (planner.prefill_plan.get_policy)
+
+# One torch thread. With 2 threads, each op's OpenMP barrier waits for whichever thread another
+# process has descheduled: at load ~3.5 on the 2-core machine a 28-token warm replay took 2.5 s
+# with 2 threads and 25 ms with 1. Unloaded, 2 threads are only ~15% faster on a 32K prefill.
+DEFAULT_THREADS = 1
+THREADS_HELP = "torch CPU threads (default 1: robust to other jobs on the cores; 0 = torch's default)"
+
+
+def add_model_flags(ap: argparse.ArgumentParser, dtypes=("float32", "bfloat16"), backend: bool = True,
+                    dtype_help: str = "model dtype") -> None:
+    """--model (alias --preset), --device, --seed, --threads, and --backend/--dtype when they apply."""
+    ap.add_argument("--model", "--preset", dest="model", type=model_name, default="small",
+                    help=f"a model preset ({', '.join(PRESETS)}) or a checkpoint folder (config.json + safetensors)")
+    if backend:
+        ap.add_argument("--backend", default="torch", choices=("torch", "triton"), help="kernel backend")
+    ap.add_argument("--device", type=device_name, default="cpu", help="torch device: cpu, cuda or cuda:i")
+    if dtypes:
+        ap.add_argument("--dtype", default=dtypes[0], choices=dtypes, help=dtype_help)
+    ap.add_argument("--seed", type=int_in_range(0, 2**32 - 1), default=0, help="weights and prompt seed")
+    ap.add_argument("--threads", type=int_in_range(0), default=DEFAULT_THREADS, help=THREADS_HELP)
+
+
+def add_policy_flag(ap: argparse.ArgumentParser, what: str) -> None:
+    ap.add_argument("--policy", default="aligned", choices=CHUNK_POLICIES,
+                    help=f"chunk policy (planner.prefill_plan registry) {what} (default aligned)")

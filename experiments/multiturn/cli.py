@@ -1,0 +1,131 @@
+"""The multi-turn study's command line: `python -m experiments.multiturn --help`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from experiments.flags import (add_model_flags, add_policy_flag, float_in_range, int_in_range, name_list,
+                               require_block_of_budget, shard_spec)
+from experiments.multiturn.report import finalize, plot
+from experiments.multiturn.run import RunConfig, Study, configs_for, run_configs
+from experiments.multiturn.workload import QUICK, SyntheticSessions, WorkloadConfig
+from experiments.results_io import RESULTS, log
+from experiments.runs import ModelLoadError, build_model, model_config, set_threads, warm_up
+from model.engine import PlaceholderRunner
+from planner.eviction import EVICTION_POLICIES, PrefillFlops
+
+WORKLOAD_TYPES = {"user_median": float_in_range(0, lo_open=True), "user_sigma": float_in_range(0),
+                  "branch_fraction": float_in_range(0, 1), "regenerate_fraction": float_in_range(0, 1)}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description="Multi-turn chat sessions through one engine, per policy and eviction.")
+    ap.add_argument("--out", type=Path, default=RESULTS / "multiturn", help="output folder")
+    add_model_flags(ap, dtypes=(), backend=False)
+    ap.add_argument("--runner", default="model", choices=("model", "placeholder"),
+                    help="the real model, or the model-free placeholder runner (planner figures only, no TTFT meaning)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny workload (4 short sessions) for tests; the workload flags below override it")
+    for f in dataclasses.fields(WorkloadConfig):
+        if f.name == "seed":  # the study's --seed
+            continue
+        ap.add_argument("--" + f.name.replace("_", "-"), type=WORKLOAD_TYPES.get(f.name, int_in_range(1)), default=None,
+                        help=f"workload: {f.name.replace('_', ' ')} (default {f.default}; "
+                             f"--quick: {QUICK.get(f.name, f.default)})")
+    ap.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size")
+    ap.add_argument("--prefill-budget", type=int_in_range(1), default=512,
+                    help="prefill tokens per tick (shared by the batch)")
+    ap.add_argument("--interval", type=int_in_range(0), default=32,
+                    help="snapshot interval in blocks (0 = off; 32 blocks = one 512-token budget)")
+    ap.add_argument("--concurrency", type=int_in_range(1), default=2, help="requests in flight (= max_batch_size)")
+    ap.add_argument("--snapshot-budget", type=int_in_range(1), default=6,
+                    help="snapshot byte budget of the bounded configurations, in snapshots of this model")
+    add_policy_flag(ap, "compared with legacy (and the one with decode snapshots)")
+    ap.add_argument("--eviction", type=name_list(EVICTION_POLICIES), default=["lru", "flop_aware"],
+                    help=f"comma-separated snapshot evictions of the bounded configurations ({', '.join(EVICTION_POLICIES)}; "
+                         "the first also bounds the decode-snapshot one; default lru,flop_aware)")
+    ap.add_argument("--flop-alpha", type=float_in_range(0), default=1.0,
+                    help="FLOP-aware eviction: weight of FLOPs/byte vs recency")
+    ap.add_argument("--configs", default=None,
+                    help="comma-separated configurations to run (default all; 'off' is the reference and always runs)")
+    ap.add_argument("--shard", type=shard_spec, default=(0, 1),
+                    help="run the configurations whose index %% n == i (i/n); combine the parts with --merge")
+    ap.add_argument("--merge", action="store_true", help="do not run: merge the part files in --out, check, plot")
+    ap.add_argument("--plot-only", action="store_true", help="re-plot from the CSVs in --out")
+    return ap
+
+
+def workload_config(ap: argparse.ArgumentParser, args) -> WorkloadConfig:
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(WorkloadConfig)
+                 if f.name != "seed" and getattr(args, f.name) is not None}
+    fields = dataclasses.asdict(WorkloadConfig()) | (QUICK if args.quick else {}) | overrides | {"seed": args.seed}
+    for what in ("system", "turns", "user", "reply"):  # each flag alone is checked when parsed; here the pairs
+        lo, hi = fields[f"{what}_min"], fields[f"{what}_max"]
+        if lo > hi:
+            ap.error(f"argument --{what}-min: must be <= --{what}-max ({hi}), got {lo}")
+    return WorkloadConfig(**fields)
+
+
+def chosen_configs(ap: argparse.ArgumentParser, args) -> list[RunConfig]:
+    every = configs_for(args.policy, args.eviction)
+    if args.configs is None:
+        return list(every)
+    wanted = {c.strip() for c in args.configs.split(",") if c.strip()} | {"off"}
+    unknown = wanted - {c.name for c in every}
+    if unknown:
+        ap.error(f"argument --configs: unknown {sorted(unknown)}; choose from {[c.name for c in every]}")
+    return [c for c in every if c.name in wanted]
+
+
+def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tuple[Study, SyntheticSessions, int]:
+    """The model (or its FLOP model alone), the workload's requests, the shared settings; and the
+    bytes of one snapshot."""
+    model = None
+    if args.runner == "model":
+        try:
+            model = build_model(args.model, args.device, args.seed)
+        except ModelLoadError as e:
+            ap.error(f"argument --model/--preset: {e}")
+        warm_up(model)
+        vocab, flops = model.config.vocab_size, PrefillFlops.from_config(model.config)
+        snapshot_nbytes = model.allocate_cache(1, args.block_size, 1).state_bytes_per_slot
+    else:
+        # the model's FLOP model without its weights: the planner figures (not the TTFTs) match the model run's
+        vocab, flops = 64, PrefillFlops.from_config(model_config(args.model))
+        snapshot_nbytes = PlaceholderRunner(1, 1, args.block_size).snapshot_nbytes
+    source = SyntheticSessions(wcfg, vocab)
+    study = Study(list(source.requests()), args.block_size, args.prefill_budget, args.interval, args.concurrency,
+                  args.snapshot_budget * snapshot_nbytes, flops, args.flop_alpha, model, vocab)
+    d = source.describe()
+    log(f"workload: {d['n_requests']} requests, {len(source.sessions)} sessions, system prompt "
+        f"{d['system_prompt_tokens']} tokens, {d['n_branch_sessions']} branches, {d['n_regenerations']} "
+        f"regenerations; KV pool {study.kv_pool_blocks} blocks")
+    return study, source, snapshot_nbytes
+
+
+def main(argv=None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.plot_only:
+        log(f"wrote {plot(args.out)}")
+        return 0
+    if args.merge:
+        return finalize(args.out)
+    require_block_of_budget(ap, args.prefill_budget, args.block_size, args.concurrency, budget_flag="--prefill-budget")
+    wcfg = workload_config(ap, args)
+    configs = chosen_configs(ap, args)
+    set_threads(args.threads)
+    study, source, snapshot_nbytes = build_study(ap, args, wcfg)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+              if k not in ("out", "shard", "merge", "plot_only", "configs", "quick")} | {
+        "preset": args.model, "configs": [c.name for c in configs],
+        "snapshot_budget_bytes": study.snapshot_budget_bytes,
+        "snapshot_nbytes": snapshot_nbytes, "kv_pool_blocks": study.kv_pool_blocks,
+        "workload_meta": source.describe()}
+    part = run_configs(study, configs, config, args.out, args.shard, args.device)
+    if args.shard[1] > 1:
+        log(f"merge when every shard is done: python -m experiments.multiturn --merge --out {args.out}")
+        return 1 if part["failed"] else 0
+    return finalize(args.out)

@@ -1,0 +1,167 @@
+"""The multi-turn study's files: the merge of the shards' parts (checked), and the figure from the CSVs.
+
+`finalize(out)` combines `<out>/parts/multiturn.part*.json`, checks that every configuration
+generated the same tokens as the reference (`off` when it ran), and writes `requests.csv` (one
+row per request and configuration), `summary.csv` (one row per configuration), `multiturn.json`
+(workload definition and distributions, config, environment) and `multiturn.png`; on a failure
+it writes none of them (and removes stale ones). `plot(out)` redraws the figure from the files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments import sweep_parts
+from experiments.multiturn.run import NAME, mismatches
+from experiments.results_io import log, read_csv, save_figure, write_csv, write_json
+
+OUTPUTS = ("summary.csv", "requests.csv", "multiturn.json", "multiturn.png")
+
+
+def _fail(out: Path, message: str) -> int:
+    for f in OUTPUTS:
+        (out / f).unlink(missing_ok=True)
+    log(f"FAILED: {message}; nothing written")
+    return 1
+
+
+def finalize(out: Path) -> int:
+    """Merge the parts, check every configuration generated the same tokens, write CSVs, JSON, PNG."""
+    parts, rows, failed = sweep_parts.collect(out, NAME)
+    if failed:
+        return _fail(out, str([f["error"] for f in failed]))
+    outputs = {r["config"]: {q["request"]: q["output_sha"] for q in r["request_rows"]} for r in rows}
+    ref_name = "off" if "off" in outputs else rows[0]["config"]
+    for name, out_tokens in outputs.items():
+        bad = mismatches(outputs[ref_name], out_tokens)
+        if bad:
+            return _fail(out, f"config {name} generated other tokens than {ref_name} for {bad[:5]} ({len(bad)} "
+                              "requests): the cache changed an output")
+    cfg = parts[0]["config"]
+    meta = cfg["workload_meta"] | {
+        "config": {k: v for k, v in cfg.items() if k != "workload_meta"},
+        "environment": parts[0]["environment"], "environments": [p["environment"] for p in parts],
+        "shards": len(parts), "snapshot_budget_bytes": cfg["snapshot_budget_bytes"],
+        "snapshot_nbytes": cfg["snapshot_nbytes"], "kv_pool_blocks": cfg["kv_pool_blocks"],
+        "outputs_identical_across_configs": True, "reference_config": ref_name,
+        "configs_run": [r["config"] for r in rows],
+    }
+    write_json(out / "multiturn.json", meta)
+    write_csv(out / "requests.csv", [q for r in rows for q in r["request_rows"]])
+    write_csv(out / "summary.csv", [{k: v for k, v in r.items() if k != "request_rows"} for r in rows])
+    log(f"wrote {out}/summary.csv, requests.csv, multiturn.json, {plot(out).name}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ figure
+KIND_COLORS = {"session_start": "tab:blue", "branch_start": "tab:orange", "next_turn": "tab:olive",
+               "regenerate": "tab:purple"}
+
+
+class Bars:
+    """Bars per configuration: grey caching off, red legacy, green otherwise; dotted LRU, hatched FLOP-aware."""
+
+    def __init__(self, summary: list[dict]):
+        self.color = ["0.6" if r["policy"] == "off" else ("tab:red" if r["policy"] == "legacy" else "tab:green")
+                      for r in summary]
+        self.hatch = ["//" if r["eviction"] == "flop_aware" else (".." if r["eviction"] == "lru" else "")
+                      for r in summary]
+
+    def __call__(self, ax, xs, vals, width, **kw):
+        bs = ax.bar(xs, vals, width, color=self.color, edgecolor="k", linewidth=0.5, **kw)
+        for bar, h in zip(bs, self.hatch):
+            bar.set_hatch(h)
+        return bs
+
+
+def _panel_hits(ax, summary, bars) -> None:
+    x = range(len(summary))
+    for off, key, alpha in ((-0.2, "token_hit_rate", 1.0), (0.2, "ssm_restore_depth", 0.55)):
+        vals = [float(r[key]) for r in summary]
+        b = bars(ax, [i + off for i in x], vals, 0.4, alpha=alpha)
+        ax.bar_label(b, [f"{v:.3f}" for v in vals], fontsize=6, rotation=90, padding=2)
+    ax.set_title("token hit rate (KV-matched / prompt tokens, solid) and SSM restore depth "
+                 "(restore position / prompt tokens, pale)", fontsize=8)
+    ax.set_ylim(0, 1.15)
+
+
+def _panel_replayed(ax, summary) -> None:
+    cached = [i for i, r in enumerate(summary) if r["policy"] != "off"]  # caching off replays everything
+    bottom = [0.0] * len(cached)
+    for kind, c in KIND_COLORS.items():
+        vals = [float(summary[i][f"replayed_{kind}"]) for i in cached]
+        n = summary[0][f"requests_{kind}"]
+        ax.bar(cached, vals, 0.6, bottom=bottom, color=c, edgecolor="k", linewidth=0.3, label=f"{kind} ({n} requests)")
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, total in zip(cached, bottom):
+        ax.annotate(f"{total:.0f}", (i, total), ha="center", va="bottom", fontsize=7)
+    off_total = [r["replayed_tokens"] for r in summary if r["policy"] == "off"]
+    ax.set_title("replayed prompt tokens by request kind (stacked)"
+                 + (f"; caching off computes all {off_total[0]}" if off_total else ""), fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def _panel_ttft(ax, summary, requests, bars) -> None:
+    x = range(len(summary))
+    for off, key, alpha in ((-0.2, "ttft_median_s", 1.0), (0.2, "ttft_p90_s", 0.55)):
+        vals = [float(r[key]) for r in summary]
+        b = bars(ax, [i + off for i in x], vals, 0.4, alpha=alpha)
+        ax.bar_label(b, [f"{v * 1e3:.0f}" for v in vals], fontsize=6, padding=2)
+    for i, r in enumerate(summary):  # every request's TTFT, from the per-request CSV
+        ts = [float(q["ttft_s"]) for q in requests if q["config"] == r["config"]]
+        ax.plot([i] * len(ts), ts, "_", color="k", alpha=0.3, ms=12)
+    ax.set_yscale("log")
+    ax.set_title("TTFT (s): median (solid, label in ms), p90 (pale), every request (ticks)", fontsize=9)
+
+
+def _panel_memory(ax, summary, meta, bars) -> None:
+    x, mib = range(len(summary)), 1 / 2**20
+    held = [float(r["snapshot_bytes_held_peak"]) * mib for r in summary]
+    b = bars(ax, [i - 0.2 for i in x], held, 0.4)
+    ax.bar_label(b, [f"{v:.0f}" for v in held], fontsize=7)
+    saved = [float(r["snapshot_bytes_saved"]) * mib for r in summary]
+    ev = [float(r["snapshot_bytes_evicted"]) * mib for r in summary]
+    ax.bar([i + 0.2 for i in x], saved, 0.4, color="none", edgecolor="k", label="saved (all time)")
+    ax.plot([i + 0.2 for i in x], ev, "kx", ms=7, label="evicted")
+    if meta["snapshot_budget_bytes"]:
+        ax.axhline(meta["snapshot_budget_bytes"] * mib, color="k", ls="--", lw=1, label="byte budget")
+    ax.set_title("snapshot MiB: peak held (filled), saved (outline), evicted (x)", fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def _title(meta: dict) -> str:
+    w, c = meta["workload"], meta["config"]
+    return (f"Multi-turn study: {meta['n_requests']} requests from {w['sessions']} sessions (system prompt "
+            f"{meta['system_prompt_tokens']} tokens, {meta['n_branch_sessions']} branch sessions, "
+            f"{meta['n_regenerations']} regenerations); {c['runner']} runner, model {c['preset']}, block "
+            f"{c['block_size']}, prefill budget {c['prefill_budget']}, interval {c['interval']} blocks, "
+            f"concurrency {c['concurrency']}, snapshot budget {c['snapshot_budget']} snapshots\n"
+            f"{meta['environment']['device_name']}; grey: caching off, red: legacy, green: "
+            f"{c.get('policy', 'aligned')}; dotted: LRU, hatched: FLOP-aware (alpha {c['flop_alpha']:g})")
+
+
+def plot(out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = read_csv(out / "summary.csv")
+    requests = read_csv(out / "requests.csv")
+    meta = json.loads((out / "multiturn.json").read_text())
+    bars = Bars(summary)
+    fig, ((ax_hit, ax_rep), (ax_ttft, ax_mem)) = plt.subplots(2, 2, figsize=(15, 9))
+    _panel_hits(ax_hit, summary, bars)
+    _panel_replayed(ax_rep, summary)
+    _panel_ttft(ax_ttft, summary, requests, bars)
+    _panel_memory(ax_mem, summary, meta, bars)
+    names = [r["config"] for r in summary]
+    for ax in (ax_hit, ax_rep, ax_ttft, ax_mem):
+        ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3, which="both")
+    fig.suptitle(_title(meta), fontsize=9)
+    fig.tight_layout()
+    path = save_figure(fig, out / "multiturn.png")
+    plt.close(fig)
+    return path

@@ -1,0 +1,226 @@
+"""Running the multi-turn study: every workload request through one fresh engine per configuration.
+
+The driver keeps `concurrency` requests in flight (one engine, `max_batch_size` = concurrency, so
+prefill chunks and decode tokens share ticks) and submits the next request of the workload as
+soon as a slot is free, its session has nothing in flight, and the reply it extends has been
+generated. Every configuration sees the same requests in the same order; only the cache behaves
+differently. The KV pool holds every request's prompt and reply at once, so no KV block is
+evicted and the token hit rate is the same for all cached configurations: SSM snapshots decide
+the rest.
+
+Configurations (`configs_for(policy, evictions)`; the defaults, aligned and lru,flop_aware, give
+these 9):
+* `off`: prefix caching off (the reference: every prompt computed from token 0);
+* `legacy` / `aligned` with unbounded snapshot memory (no eviction, so the eviction is moot);
+* `legacy` / `aligned` x `lru` / `flop_aware` (named `flop`) with a snapshot byte budget of
+  `snapshot_budget` snapshots, which forces evictions;
+* `aligned+decode` (unbounded) and `aligned+decode+budget+lru`: the engine also keeps the state at
+  the last block boundary of each reply (`EngineConfig.decode_snapshots`), where the next turn's
+  block-floored match lands, so a next turn replays its new message, not the previous reply.
+
+The generated tokens of every configuration must equal those of the first one run (`off` when
+it runs), token for token: a configuration that differs fails (`sweep_parts.PointFailed`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+from experiments import sweep_parts
+from experiments.multiturn.workload import KINDS, WorkloadRequest
+from experiments.results_io import log
+from experiments.runs import kv_blocks_for, make_engine, make_placeholder_engine
+from model.engine import Engine
+from model.hybrid import HybridLM
+from planner.eviction import get_eviction
+from planner.scheduler import SchedulerConfig
+
+NAME = "multiturn"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    name: str
+    policy: str
+    caching: bool = True
+    snapshot_budget: bool = False  # bounded by the study's snapshot byte budget
+    eviction: str = "lru"  # a planner.eviction.EVICTION_POLICIES name (only matters when bounded)
+    decode_snapshots: bool = False  # also keep the state at the last block boundary of each reply
+
+
+EVICTION_SHORT = {"flop_aware": "flop"}  # in configuration names
+
+
+def configs_for(policy: str = "aligned", evictions=("lru", "flop_aware")) -> tuple[RunConfig, ...]:
+    """Caching off; legacy and `policy` unbounded, then bounded under each eviction; `policy` with
+    decode snapshots, unbounded and bounded under the first eviction."""
+    policies = tuple(dict.fromkeys(("legacy", policy)))
+    short = [EVICTION_SHORT.get(e, e) for e in evictions]
+    return (RunConfig("off", policy, caching=False),
+            *(RunConfig(p, p) for p in policies),
+            *(RunConfig(f"{p}+budget+{s}", p, snapshot_budget=True, eviction=e)
+              for p in policies for e, s in zip(evictions, short)),
+            RunConfig(f"{policy}+decode", policy, decode_snapshots=True),
+            RunConfig(f"{policy}+decode+budget+{short[0]}", policy, snapshot_budget=True, eviction=evictions[0],
+                      decode_snapshots=True))
+
+
+CONFIGS = configs_for()
+
+
+@dataclasses.dataclass
+class Study:
+    """What every configuration of one study shares."""
+
+    requests: list[WorkloadRequest]
+    block_size: int
+    prefill_budget: int
+    interval: int
+    concurrency: int
+    snapshot_budget_bytes: int
+    flops: Callable[[int], float]
+    flop_alpha: float = 1.0
+    model: HybridLM | None = None  # None: the model-free placeholder runner
+    vocab_size: int = 64
+
+    @property
+    def kv_pool_blocks(self) -> int:
+        """Every request's prompt and reply at once, nothing shared: no KV block is ever evicted."""
+        reply_lens = {r.request_id: r.max_new_tokens for r in self.requests}  # no EOS: exactly max_new_tokens
+        return kv_blocks_for([r.prompt_len(reply_lens) + r.max_new_tokens for r in self.requests], self.block_size,
+                             slack=64)
+
+
+def engine_for(study: Study, cfg: RunConfig) -> Engine:
+    sched = SchedulerConfig(block_size=study.block_size, prefill_budget=study.prefill_budget,
+                            max_batch_size=study.concurrency, num_kv_blocks=study.kv_pool_blocks, policy=cfg.policy,
+                            snapshot_interval_blocks=study.interval, enable_prefix_caching=cfg.caching)
+    eviction = get_eviction(cfg.eviction, **({"alpha": study.flop_alpha} if cfg.eviction == "flop_aware" else {}))
+    # caching off: a zero budget rejects every save (the snapshots could never be used)
+    budget = 0 if not cfg.caching else (study.snapshot_budget_bytes if cfg.snapshot_budget else None)
+    if study.model is not None:
+        return make_engine(study.model, sched, "in_pass", budget, eviction, study.flops, keep_prompt_logits=False,
+                           decode_snapshots=cfg.decode_snapshots)
+    return make_placeholder_engine(sched, budget, eviction, study.flops, decode_snapshots=cfg.decode_snapshots,
+                                   vocab_size=study.vocab_size)
+
+
+def request_row(label: str, wr: WorkloadRequest, req) -> dict:
+    m = req.metrics
+    return {"config": label, "request": req.request_id, "session": wr.session, "turn": wr.turn, "copy": wr.copy,
+            "kind": wr.kind, "prompt_tokens": len(req.prompt_token_ids), "kv_match_tokens": m.kv_match_tokens,
+            "restore_at": m.restore_at, "replayed_tokens": m.replayed_tokens, "ttft_s": m.ttft_s,
+            "generated_tokens": len(req.output_token_ids),
+            "output_sha": hashlib.sha256(json.dumps(req.output_token_ids).encode()).hexdigest()[:16],
+            "output_token_ids": list(req.output_token_ids),
+            "snapshots_saved_by_request": len(m.snapshot_positions), "preemptions": m.preemptions}
+
+
+def replay(engine: Engine, requests: list[WorkloadRequest], concurrency: int, label: str) -> tuple[list[dict], int]:
+    """Every request through `engine`, `concurrency` at a time: one row per request, and the peak
+    snapshot bytes held."""
+    pending = list(requests)
+    inflight: dict[str, WorkloadRequest] = {}
+    replies: dict[str, list[int]] = {}
+    rows: list[dict] = []
+    peak_bytes = 0
+    t0 = time.perf_counter()
+    while pending or inflight:
+        while pending and len(inflight) < concurrency:
+            wr = pending[0]
+            if any(w.session == wr.session for w in inflight.values()):
+                break  # its previous turn (or the first sending of a regenerate) is still running
+            prompt = wr.prompt(replies)
+            if prompt is None:
+                break  # the reply it extends is not generated yet (a branch's parent turn)
+            pending.pop(0)
+            engine.add_request(prompt, wr.max_new_tokens, wr.request_id)
+            inflight[wr.request_id] = wr
+        if not inflight:
+            raise RuntimeError(f"replay: nothing in flight and {pending[0].request_id} cannot be sent")
+        for req in engine.step():
+            wr = inflight.pop(req.request_id)
+            replies[wr.request_id] = list(req.output_token_ids)
+            rows.append(request_row(label, wr, req))
+            if len(rows) % 10 == 0:
+                log(f"  {label}: {len(rows)}/{len(requests)} requests ({time.perf_counter() - t0:.0f} s)")
+        peak_bytes = max(peak_bytes, engine.snapshots.bytes_held)
+    return rows, peak_bytes
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100])."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(cfg: RunConfig, engine: Engine, rows: list[dict], budget_bytes: int | None, peak_bytes: int,
+              wall_s: float) -> dict:
+    prompt = sum(r["prompt_tokens"] for r in rows)
+    st = engine.snapshots.stats
+    ttft = [r["ttft_s"] for r in rows]
+    return {
+        "config": cfg.name, "policy": cfg.policy if cfg.caching else "off", "prefix_caching": cfg.caching,
+        "snapshot_budget_bytes": budget_bytes if cfg.snapshot_budget else None,
+        "eviction": cfg.eviction if cfg.snapshot_budget else "none needed",
+        "requests": len(rows), "prompt_tokens": prompt,
+        "token_hit_rate": sum(r["kv_match_tokens"] for r in rows) / prompt,
+        "ssm_restore_depth": sum(r["restore_at"] for r in rows) / prompt,
+        "replayed_tokens": sum(r["replayed_tokens"] for r in rows),
+        "replayed_fraction": sum(r["replayed_tokens"] for r in rows) / prompt,
+        "ttft_median_s": statistics.median(ttft), "ttft_p90_s": percentile(ttft, 90),
+        "ttft_mean_s": statistics.fmean(ttft),
+        "snapshots_saved": st.saved, "snapshot_bytes_saved": st.saved_bytes,
+        "snapshots_evicted": st.evicted, "snapshot_bytes_evicted": st.evicted_bytes,
+        "snapshots_restored": st.restored, "snapshot_bytes_held_end": engine.snapshots.bytes_held,
+        "snapshot_bytes_held_peak": peak_bytes,
+        "generated_tokens": sum(r["generated_tokens"] for r in rows), "wall_s": wall_s,
+    } | {f"replayed_{k}": sum(r["replayed_tokens"] for r in rows if r["kind"] == k) for k in KINDS} \
+      | {f"requests_{k}": sum(r["kind"] == k for r in rows) for k in KINDS}
+
+
+def mismatches(reference: dict, outputs: dict) -> list[str]:
+    """Requests whose output (token list, or its sha256 prefix) differs from the reference's."""
+    return sorted(k for k in reference.keys() | outputs.keys() if outputs.get(k) != reference.get(k))
+
+
+def run_configs(study: Study, configs: list[RunConfig], config: dict, out: Path, spec: tuple[int, int],
+                device: str = "cpu") -> dict:
+    """This shard's configurations through `sweep_parts.run_shard`; returns the part. Outputs are
+    checked here against the shard's first configuration, and across shards by the merge."""
+    reference: list[tuple[str, dict]] = []
+
+    def one(idx: int, point: dict) -> list[dict]:
+        cfg = configs[idx]
+        engine = engine_for(study, cfg)
+        log(f"config {cfg.name}: policy {cfg.policy}, caching {cfg.caching}, snapshot budget "
+            f"{study.snapshot_budget_bytes if cfg.snapshot_budget else 'unbounded'}, eviction {cfg.eviction}")
+        t0 = time.perf_counter()
+        rows, peak = replay(engine, study.requests, study.concurrency, cfg.name)
+        wall = time.perf_counter() - t0
+        outputs = {r["request"]: r["output_token_ids"] for r in rows}
+        reference[:] = reference or [(cfg.name, outputs)]
+        bad = mismatches(reference[0][1], outputs)
+        if bad:
+            raise sweep_parts.PointFailed(f"config {cfg.name} generated other tokens than {reference[0][0]} for "
+                                          f"{bad[:5]} ({len(bad)} requests)")
+        s = summarize(cfg, engine, rows, study.snapshot_budget_bytes, peak, wall)
+        log(f"  {cfg.name}: hit rate {s['token_hit_rate']:.3f}, restore depth {s['ssm_restore_depth']:.3f}, "
+            f"replayed {s['replayed_tokens']}, TTFT median {s['ttft_median_s'] * 1e3:.0f} ms p90 "
+            f"{s['ttft_p90_s'] * 1e3:.0f} ms, snapshots saved {s['snapshots_saved']} evicted "
+            f"{s['snapshots_evicted']}, {wall:.0f} s")
+        # parts keep a hash of each output (the full token lists were compared above)
+        return [s | {"point": idx, "request_rows": [{k: v for k, v in r.items() if k != "output_token_ids"}
+                                                    for r in rows]}]
+
+    points = [dataclasses.asdict(c) for c in configs]
+    return sweep_parts.run_shard(out, NAME, points, config, spec, one, lambda p: {"config": p["name"]}, device)

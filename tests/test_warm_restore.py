@@ -1,0 +1,61 @@
+"""The main experiment end to end at a scaled-down incident, on a checkpoint folder of the "tiny" model.
+
+Block 4, budget 64, prompt 4 x 64 + 4 = 260 has the incident's shape (tests/test_ablations.py):
+legacy restores at 193 and replays 67 (the incident's 8195), aligned at 252 and replays 8 (20).
+"""
+
+import json
+import statistics
+
+import torch
+from safetensors.torch import save_file
+
+from experiments import warm_restore
+from experiments.runs import build_model
+from model.loading import from_preset, hf_name
+
+
+def save_checkpoint(folder, preset="tiny", seed=0):
+    model = from_preset(preset, seed=seed)
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(model.config.to_hf_dict()))
+    save_file({hf_name(n): p.detach().contiguous() for n, p in model.named_parameters()}, folder / "model.safetensors")
+    return model
+
+
+def test_a_checkpoint_folder_builds_the_same_model_as_its_preset(tmp_path):
+    ref = save_checkpoint(tmp_path / "ckpt", seed=3)
+    got = build_model(str(tmp_path / "ckpt"))
+    ids = torch.arange(40) % ref.config.vocab_size
+    assert torch.equal(got.logits(ids), ref.logits(ids))
+
+
+def test_scaled_incident_with_paired_repeats_and_machine_load(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "wr"
+    save_checkpoint(ckpt)
+    assert warm_restore.main(["--model", str(ckpt), "--prompt-len", "260", "--block-size", "4", "--budget", "64",
+                              "--interval", "0", "--repeats", "3", "--curve-repeats", "1", "--out", str(out)]) == 0
+    result = json.loads((out / "warm_restore.json").read_text())
+    legacy, aligned = result["legacy"], result["aligned"]
+    assert legacy["chunk_ends"] == [65, 129, 193, 257, 260] and aligned["chunk_ends"] == [64, 128, 192, 252, 260]
+    assert (legacy["warm_restore_at"], legacy["warm_replayed_tokens"]) == (193, 67)
+    assert (aligned["warm_restore_at"], aligned["warm_replayed_tokens"]) == (252, 8)
+    assert legacy["warm_restore_points_all"] == [193] and aligned["warm_restore_points_all"] == [252]
+    assert legacy["warm_vs_cold_max_abs_logit_diff"] <= 1e-4 and aligned["warm_vs_cold_max_abs_logit_diff"] <= 1e-4
+    # warm requests interleaved in pairs whose order alternates
+    assert result["warm_order"] == ["legacy", "aligned", "aligned", "legacy", "legacy", "aligned"]
+    for r in (legacy, aligned):
+        assert len(r["warm_ttft_s_all"]) == 3
+        assert r["warm_ttft_s"] == r["warm_ttft_s_min"] == min(r["warm_ttft_s_all"])
+        assert r["warm_ttft_s_median"] == statistics.median(r["warm_ttft_s_all"])
+    assert result["warm_ttft_statistic"] == "min"
+    assert result["warm_ttft_ratio_legacy_over_aligned"] == legacy["warm_ttft_s_min"] / aligned["warm_ttft_s_min"]
+    assert len(result["warm_ttft_ratio_spread"]["all"]) == 3
+    load = result["machine_load"]
+    assert len(load["loadavg_start"]) == len(load["loadavg_end"]) == 3
+    assert load["cpu_count"] >= 1 and load["torch_threads"] == 1  # the default: one thread
+    assert result["config"]["preset"] == result["config"]["model"] == str(ckpt)
+    assert [p["replayed_tokens"] for p in result["replay_curve"]] == [1, 4, 20, 64, 256]
+    assert (out / "warm_restore.png").is_file()
+    readme = (out / "README.md").read_text()
+    assert "Machine load average" in readme and "warm TTFT (min of 3)" in readme
