@@ -46,15 +46,16 @@ def test_unknown_preset_and_backend_fail_naming_the_field():
         from_preset("tiny", backend="cuda-graphs")
 
 
-def test_bf16_chunked_equals_whole_and_tracks_fp32():
+@pytest.mark.parametrize("preset", ["tiny", "granite-tiny"])
+def test_bf16_chunked_equals_whole_and_tracks_fp32(preset):
     """bf16 weights and activations, fp32 SSM state. Chunked == whole within the bf16 kernel
     tolerance (kernels.testing); against the fp32 model only a sanity bound: 5% of the logit range
     (~6 bf16 ulps at the top; three layers of bf16 rounding measured 2.4%)."""
     from kernels.testing import assert_close
 
     ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0))
-    fp32 = from_preset("tiny", seed=0).logits(ids)
-    model = from_preset("tiny", seed=0, dtype=torch.bfloat16)
+    fp32 = from_preset(preset, seed=0).logits(ids)
+    model = from_preset(preset, seed=0, dtype=torch.bfloat16)
     cache = model.allocate_cache(4, 16, 1)
     assert cache.ssm_pool[0].dtype == torch.float32 and cache.conv_pool[0].dtype == torch.bfloat16
     got = torch.cat([model.forward_batch([SequenceChunk(ids[a:b], a, [0, 1, 2], 0, all_logits=True)], cache).logits[0]
