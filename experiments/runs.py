@@ -34,6 +34,8 @@ from planner.request import Request
 from planner.scheduler import SchedulerConfig
 from planner.snapshot_store import EvictionPolicy
 
+# one letter per layer, as the results have written it: Mamba M, attention A, MLP-only -, MoE-only E
+LAYER_SYMBOLS = {"mamba": "M", "attention": "A", "mlp": "-", "moe": "E"}
 FP32_LOGIT_TOL = 1e-4  # warm vs cold max abs logit difference allowed in fp32 (the brief's bound)
 
 # The seed's incident (block 16, budget 8192, one slot, a 32772-token prompt served twice).
@@ -88,7 +90,7 @@ def build_model(name: str, device: str = "cpu", seed: int = 0, dtype: str = "flo
 
 def model_summary(model: HybridLM) -> dict:
     return {"params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-            "layers": "".join("A" if t == "attention" else "M" for t in model.config.layer_types)}
+            "layers": "".join(LAYER_SYMBOLS[t] for t in model.config.layer_types)}
 
 
 def random_prompt(n: int, vocab_size: int, seed: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""GQA self-attention with partial RoPE: a plain causal path (SDPA) and a paged-KV path.
+"""GQA self-attention with partial RoPE (or none): a plain causal path (SDPA) and a paged-KV path.
 
 Tokens are packed: x is (T, hidden) for one sequence (plain path) or for several rows of a
 batch (paged path, varlen through `cu_seqlens_q`).
@@ -32,18 +32,21 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = config.softmax_scale  # head_dim ** -0.5 unless the family sets it (Granite's attention_multiplier)
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None):
+        """cos/sin None: no position embedding (NoPE)."""
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        if cos is None:
+            return q, k, v
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,7 @@ class Backend:
     # not math (any chunk gives the same y and states up to rounding): the Triton kernels tile by
     # it (Bamba: 256); the CPU reference keeps its own default, 128, its fastest on 2 cores.
     scan_chunk_from_config: bool
+    conv_widths: tuple[int, ...] | None  # conv widths (mamba_d_conv) its conv ops take; None: any >= 2
     ssd_scan: Callable  # (x, dt, A, B, C, *, cu_seqlens, D, dt_bias, dt_softplus, dt_limit, initial_states, capture_offsets) -> (y, final, captured)
     ssd_decode_step: Callable  # (x, dt, A, B, C, *, state_pool, slot_idx, D, dt_bias, dt_softplus, dt_limit) -> y
     causal_conv1d: Callable  # (x, weight, bias, *, cu_seqlens, initial_states, capture_offsets, activation) -> (y, final, captured)
@@ -61,5 +62,10 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")
     if name not in _loaded:
         ops = {op: getattr(importlib.import_module(module), fn) for op, (module, fn) in _OPS[name].items()}
-        _loaded[name] = Backend(name=name, scan_chunk_from_config=name == "triton", **ops)
+        widths = None
+        if name == "triton":  # each Triton conv kernel is specialized to one width; both must take it
+            kernel_widths = {importlib.import_module(ops[op].__module__).WIDTH
+                             for op in ("causal_conv1d", "conv1d_decode_step")}
+            widths = tuple(kernel_widths) if len(kernel_widths) == 1 else ()
+        _loaded[name] = Backend(name=name, scan_chunk_from_config=name == "triton", conv_widths=widths, **ops)
     return _loaded[name]

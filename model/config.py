@@ -1,8 +1,10 @@
-"""`HybridConfig`: the Bamba layout's shapes, read from an HF `config.json`, plus named presets.
+"""`HybridConfig`: the shapes every supported family maps onto, plus named presets.
 
-Every field here changes the math; `from_hf_dict` maps transformers' `BambaConfig` fields onto
-it and refuses (naming the field) anything it does not implement, so a checkpoint never loads
-into a model that silently computes something else.
+One dataclass for all families: each field is read by a shared layer (the Mamba-2 mixer,
+attention, the gated MLP, the MoE, the decoder loop). A family's module under `model/families/`
+maps its `config.json` onto these fields (`HybridConfig.from_hf_dict` picks the family by
+`model_type`) and refuses, naming the field, anything it does not implement, so a checkpoint never
+loads into a model that silently computes something else.
 """
 
 from __future__ import annotations
@@ -15,23 +17,60 @@ from typing import Any
 
 from kernels.checks import require
 
+# Per-layer types. A sequence-mixer layer ("mamba", "attention") is followed by its family's
+# feed-forward (if the family has one); a feed-forward-only layer ("mlp", "moe": Nemotron-H's
+# "-" and "E") has no sequence mixer and holds no cache state.
+MIXER_LAYER_TYPES = ("mamba", "attention")
+FEED_FORWARD_LAYER_TYPES = ("mlp", "moe")
+LAYER_TYPES = MIXER_LAYER_TYPES + FEED_FORWARD_LAYER_TYPES
+POSITION_EMBEDDINGS = ("rope", "none")
+MOE_ROUTERS = ("softmax_topk",)  # model.moe.ROUTERS: how router logits become top-k expert weights
+
+
+def _positive_ints(obj, names) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
+                f"must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """Routed experts of a sparse feed-forward (`model.moe.SparseMoE`)."""
+
+    num_experts: int
+    top_k: int  # experts per token
+    intermediate_size: int  # width of one expert's MLP
+    router: str = "softmax_topk"  # Granite: softmax over the top-k router logits
+
+    def __post_init__(self):
+        _positive_ints(self, ("num_experts", "top_k", "intermediate_size"))
+        require(self.top_k <= self.num_experts, "num_experts_per_tok",
+                f"top_k {self.top_k} exceeds num_experts {self.num_experts}")
+        require(self.router in MOE_ROUTERS, "router", f"expected one of {MOE_ROUTERS}, got {self.router!r}")
+
 
 @dataclasses.dataclass(frozen=True)
 class HybridConfig:
-    """Defaults are transformers' `BambaConfig()` defaults (so a config.json missing a field means
-    what it means to transformers); the presets below are what the project runs."""
+    """Defaults are transformers' `BambaConfig()` defaults (so a Bamba config.json missing a field
+    means what it means to transformers); the presets below are what the project runs."""
 
     vocab_size: int = 128000
     hidden_size: int = 4096
-    intermediate_size: int = 14336  # SwiGLU width
+    intermediate_size: int = 14336  # the dense gated MLP (Bamba: every layer's; Granite: shared_mlp)
     num_hidden_layers: int = 32
-    attn_layer_indices: tuple[int, ...] = ()  # the other layers are Mamba-2 mixers
-    # attention (GQA + RoPE on the first `partial_rotary_factor` of each head)
+    attn_layer_indices: tuple[int, ...] = ()  # derived from layer_types when that is given
+    # Per layer, one of LAYER_TYPES; empty: "attention" at attn_layer_indices, "mamba" elsewhere.
+    layer_types: tuple[str, ...] = ()
+    model_type: str = "bamba"  # the family (model.families) that composes the layers and names the weights
+    # attention (GQA + RoPE on the first `partial_rotary_factor` of each head, or no position embedding)
     num_attention_heads: int = 32
     num_key_value_heads: int = 8
     head_dim: int = 128  # hidden_size // num_attention_heads unless config.json says otherwise
+    position_embedding: str = "rope"  # "rope" or "none" (NoPE)
     partial_rotary_factor: float = 0.5  # transformers hardcodes 0.5 for Bamba
     rope_theta: float = 10000.0
+    attention_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attention_bias: bool = False
     mlp_bias: bool = False
     # Mamba-2 mixer
@@ -45,43 +84,72 @@ class HybridConfig:
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
     time_step_limit: tuple[float, float] = (0.0, math.inf)
+    # sparse feed-forward (None: dense only)
+    moe: MoEConfig | None = None
+    # scalings (Granite's multipliers; 1.0 = none, and then no op is spent on them)
+    embedding_multiplier: float = 1.0  # embeddings * m
+    residual_multiplier: float = 1.0  # h + m * sublayer(norm(h))
+    logits_scaling: float = 1.0  # logits / s
     # norms, head
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "attn_layer_indices", tuple(sorted(int(i) for i in self.attn_layer_indices)))
+        _positive_ints(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                              "num_attention_heads", "num_key_value_heads", "head_dim", "mamba_n_heads",
+                              "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
+                              "mamba_chunk_size"))
+        self._normalize_layer_types()
         object.__setattr__(self, "time_step_limit", tuple(float(v) for v in self.time_step_limit))
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "mamba_n_heads", "mamba_d_head", "mamba_n_groups",
-                     "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size"):
-            value = getattr(self, name)
-            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
-                     f"must be a positive int, got {value!r}")
-        require(all(0 <= i < self.num_hidden_layers for i in self.attn_layer_indices), "attn_layer_indices",
-                 f"must lie in 0 .. {self.num_hidden_layers - 1}, got {list(self.attn_layer_indices)}")
-        require(len(set(self.attn_layer_indices)) == len(self.attn_layer_indices), "attn_layer_indices",
-                 "has duplicates")
         require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
-                 f"{self.num_key_value_heads} must divide num_attention_heads={self.num_attention_heads}")
-        require(self.mamba_n_heads * self.mamba_d_head == self.mamba_d_inner, "mamba_d_head",
-                 f"mamba_n_heads * mamba_d_head = {self.mamba_n_heads * self.mamba_d_head} must equal "
-                 f"mamba_expand * hidden_size = {self.mamba_d_inner}")
+                f"{self.num_key_value_heads} must divide num_attention_heads={self.num_attention_heads}")
         require(self.mamba_n_heads % self.mamba_n_groups == 0, "mamba_n_groups",
-                 f"{self.mamba_n_groups} must divide mamba_n_heads={self.mamba_n_heads}")
+                f"{self.mamba_n_groups} must divide mamba_n_heads={self.mamba_n_heads}")
         require(self.mamba_d_conv >= 2, "mamba_d_conv", f"must be >= 2 (the conv state holds d_conv - 1 inputs), "
-                 f"got {self.mamba_d_conv}")
+                f"got {self.mamba_d_conv}")
+        require(self.position_embedding in POSITION_EMBEDDINGS, "position_embedding",
+                f"expected one of {POSITION_EMBEDDINGS}, got {self.position_embedding!r}")
         require(0.0 < self.partial_rotary_factor <= 1.0 and self.rotary_dim % 2 == 0 and self.rotary_dim > 0,
-                 "partial_rotary_factor", f"{self.partial_rotary_factor} * head_dim {self.head_dim} must give a "
-                 "positive even rotary dim")
+                "partial_rotary_factor", f"{self.partial_rotary_factor} * head_dim {self.head_dim} must give a "
+                "positive even rotary dim")
+        require(self.attention_scale is None or (math.isfinite(self.attention_scale) and self.attention_scale > 0),
+                "attention_scale", f"must be a positive finite float or None, got {self.attention_scale!r}")
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            value = getattr(self, name)
+            require(isinstance(value, (int, float)) and math.isfinite(value) and value != 0, name,
+                    f"must be a finite non-zero number, got {value!r}")
+        require(self.moe is None or isinstance(self.moe, MoEConfig), "moe", f"expected a MoEConfig, got {self.moe!r}")
         lo, hi = self.time_step_limit
         require(len(self.time_step_limit) == 2 and 0.0 <= lo <= hi, "time_step_limit",
-                 f"expected (lo, hi) with 0 <= lo <= hi, got {self.time_step_limit}")
+                f"expected (lo, hi) with 0 <= lo <= hi, got {self.time_step_limit}")
+
+    def _normalize_layer_types(self) -> None:
+        """Store both views: attn_layer_indices (sorted) and layer_types (one entry per layer)."""
+        attn = tuple(sorted(int(i) for i in self.attn_layer_indices))
+        require(all(0 <= i < self.num_hidden_layers for i in attn), "attn_layer_indices",
+                f"must lie in 0 .. {self.num_hidden_layers - 1}, got {list(attn)}")
+        require(len(set(attn)) == len(attn), "attn_layer_indices", "has duplicates")
+        if not self.layer_types:
+            types = tuple("attention" if i in attn else "mamba" for i in range(self.num_hidden_layers))
+        else:
+            types = tuple(self.layer_types)
+            require(len(types) == self.num_hidden_layers, "layer_types",
+                    f"{len(types)} entries for num_hidden_layers={self.num_hidden_layers}")
+            bad = [t for t in types if t not in LAYER_TYPES]
+            require(not bad, "layer_types", f"unknown layer type {bad[0]!r} (expected one of {LAYER_TYPES})"
+                    if bad else "")
+            from_types = tuple(i for i, t in enumerate(types) if t == "attention")
+            require(not attn or attn == from_types, "attn_layer_indices",
+                    f"{list(attn)} disagrees with layer_types' attention layers {list(from_types)}")
+            attn = from_types
+        object.__setattr__(self, "attn_layer_indices", attn)
+        object.__setattr__(self, "layer_types", types)
 
     # derived shapes --------------------------------------------------------------------------
     @property
     def mamba_d_inner(self) -> int:
-        return self.mamba_expand * self.hidden_size
+        """Channels of the SSM (x, the gate z, the gated norm): heads x head dim."""
+        return self.mamba_n_heads * self.mamba_d_head
 
     @property
     def conv_dim(self) -> int:
@@ -93,153 +161,59 @@ class HybridConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     @property
-    def layer_types(self) -> tuple[str, ...]:
-        return tuple("attention" if i in self.attn_layer_indices else "mamba" for i in range(self.num_hidden_layers))
+    def softmax_scale(self) -> float:
+        return self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale
 
     @property
     def mamba_layer_indices(self) -> tuple[int, ...]:
         return tuple(i for i, kind in enumerate(self.layer_types) if kind == "mamba")
 
-    # HF interop --------------------------------------------------------------------------------
+    # HF interop (per family: model.families) ------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any]) -> "HybridConfig":
-        """Map an HF Bamba `config.json` dict; unsupported fields or values raise naming the field."""
-        require(hf.get("model_type") == "bamba", "model_type", f"expected 'bamba', got {hf.get('model_type')!r}")
-        unknown = sorted(set(hf) - _HF_MATH_FIELDS - _HF_INERT_FIELDS)
-        require(not unknown, unknown[0] if unknown else "", "config.json field not supported by HybridConfig "
-                 f"(it may change the math); unsupported fields: {unknown}")
-        require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
-                 f"only 'silu' is implemented (SwiGLU and the conv activation), got {hf.get('hidden_act')!r}")
-        require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
-        require(hf.get("rope_scaling") is None, "rope_scaling", f"only plain RoPE is implemented, got {hf.get('rope_scaling')}")
+        """Map an HF `config.json` dict through the family its `model_type` names; unsupported
+        fields or values raise naming the field."""
+        from model.families import config_from_hf  # the families import this module
 
-        # RoPE: transformers v5 keeps `rope_parameters`; v4 files carry a top-level rope_theta.
-        # Both versions hardcode partial_rotary_factor = 0.5 unless rope_parameters says otherwise.
-        rope = hf.get("rope_parameters") or {}
-        require(rope.get("rope_type", rope.get("type", "default")) == "default", "rope_parameters.rope_type",
-                 f"only 'default' RoPE is implemented, got {rope.get('rope_type', rope.get('type'))!r}")
-        unknown_rope = sorted(set(rope) - {"rope_type", "type", "rope_theta", "partial_rotary_factor"})
-        require(not unknown_rope, f"rope_parameters.{unknown_rope[0]}" if unknown_rope else "",
-                 f"RoPE field not supported: {unknown_rope}")
-        top_partial = hf.get("partial_rotary_factor", 0.5)
-        require(top_partial == 0.5, "partial_rotary_factor", "transformers' Bamba ignores a top-level value and uses "
-                 f"0.5; put another value in rope_parameters (got {top_partial})")
-        partial = float(rope.get("partial_rotary_factor", 0.5))
-        rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
-
-        d = cls()  # transformers' defaults for absent fields
-        hidden = int(hf.get("hidden_size", d.hidden_size))
-        heads = int(hf.get("num_attention_heads", d.num_attention_heads))
-        kv_heads = hf.get("num_key_value_heads", d.num_key_value_heads)
-        head_dim = int(hf.get("head_dim") or hidden // heads)
-        expand = hf.get("mamba_expand", d.mamba_expand)
-        require(float(expand).is_integer(), "mamba_expand", f"must be an integer, got {expand}")
-        expand = int(expand)
-        m_heads = int(hf.get("mamba_n_heads", d.mamba_n_heads))
-        d_head = hf.get("mamba_d_head", "auto")
-        d_head = expand * hidden // m_heads if d_head in ("auto", None) else int(d_head)
-        rotary_dim = int(head_dim * partial)
-        if "attn_rotary_emb" in hf:  # written by the original Bamba conversion; must agree with the rotary dim
-            require(int(hf["attn_rotary_emb"]) == rotary_dim, "attn_rotary_emb",
-                     f"{hf['attn_rotary_emb']} disagrees with head_dim * partial_rotary_factor = {rotary_dim}")
-        return cls(
-            vocab_size=int(hf.get("vocab_size", d.vocab_size)),
-            hidden_size=hidden,
-            intermediate_size=int(hf.get("intermediate_size", d.intermediate_size)),
-            num_hidden_layers=int(hf.get("num_hidden_layers", d.num_hidden_layers)),
-            attn_layer_indices=tuple(hf.get("attn_layer_indices") or ()),
-            num_attention_heads=heads,
-            num_key_value_heads=int(kv_heads if kv_heads is not None else heads),
-            head_dim=head_dim,
-            partial_rotary_factor=partial,
-            rope_theta=rope_theta,
-            attention_bias=bool(hf.get("attention_bias", d.attention_bias)),
-            mlp_bias=bool(hf.get("mlp_bias", d.mlp_bias)),
-            mamba_n_heads=m_heads,
-            mamba_d_head=d_head,
-            mamba_n_groups=int(hf.get("mamba_n_groups", d.mamba_n_groups)),
-            mamba_d_state=int(hf.get("mamba_d_state", d.mamba_d_state)),
-            mamba_d_conv=int(hf.get("mamba_d_conv", d.mamba_d_conv)),
-            mamba_expand=expand,
-            mamba_chunk_size=int(hf.get("mamba_chunk_size", d.mamba_chunk_size)),
-            mamba_conv_bias=bool(hf.get("mamba_conv_bias", d.mamba_conv_bias)),
-            mamba_proj_bias=bool(hf.get("mamba_proj_bias", d.mamba_proj_bias)),
-            time_step_limit=_parse_time_step_limit(hf.get("time_step_limit", d.time_step_limit)),
-            rms_norm_eps=float(hf.get("rms_norm_eps", d.rms_norm_eps)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", d.tie_word_embeddings)),
-        )
+        return config_from_hf(hf)
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> "HybridConfig":
         return cls.from_hf_dict(json.loads(Path(path).read_text()))
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The `BambaConfig(**kwargs)` that builds the same model in transformers (benchmarks, tests)."""
-        return {
-            "model_type": "bamba",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "attn_layer_indices": list(self.attn_layer_indices),
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta,
-                                "partial_rotary_factor": self.partial_rotary_factor},
-            "attention_bias": self.attention_bias,
-            "mlp_bias": self.mlp_bias,
-            "mamba_n_heads": self.mamba_n_heads,
-            "mamba_d_head": self.mamba_d_head,
-            "mamba_n_groups": self.mamba_n_groups,
-            "mamba_d_state": self.mamba_d_state,
-            "mamba_d_conv": self.mamba_d_conv,
-            "mamba_expand": self.mamba_expand,
-            "mamba_chunk_size": self.mamba_chunk_size,
-            "mamba_conv_bias": self.mamba_conv_bias,
-            "mamba_proj_bias": self.mamba_proj_bias,
-            "time_step_limit": list(self.time_step_limit),
-            "rms_norm_eps": self.rms_norm_eps,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "hidden_act": "silu",
-        }
+        """The transformers config kwargs (with `model_type`) that build the same model there."""
+        from model.families import get_family
+
+        return get_family(self.model_type).config_to_hf(self)
 
 
-def _parse_time_step_limit(value) -> tuple[float, float]:
-    """(lo, hi); transformers v5 writes infinity as {"__float__": "Infinity"}, v4 as a bare Infinity."""
-    if value is None:
-        return (0.0, math.inf)
-    out = []
-    for v in value:
-        if isinstance(v, dict) and "__float__" in v:
-            v = v["__float__"]
-        out.append(float(v))
-    require(len(out) == 2, "time_step_limit", f"expected two values, got {value!r}")
-    return (out[0], out[1])
-
-
-# Fields of BambaConfig that HybridConfig reads (all of them change the forward pass).
-_HF_MATH_FIELDS = {
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "attn_layer_indices",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "rope_parameters", "rope_theta", "rope_scaling",
-    "partial_rotary_factor", "attn_rotary_emb", "attention_bias", "mlp_bias", "hidden_act", "mamba_n_heads",
-    "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size",
-    "mamba_conv_bias", "mamba_proj_bias", "time_step_limit", "rms_norm_eps", "tie_word_embeddings",
-    "quantization_config",
-}
-# Fields that do not change an inference forward: training knobs, token ids, generation and
-# bookkeeping (`mamba_dt_rank` and `use_mamba_kernels` are leftovers of the original conversion).
-_HF_INERT_FIELDS = {
-    "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype", "use_cache",
-    "initializer_range", "attention_dropout", "z_loss_coefficient", "num_logits_to_keep", "max_position_embeddings",
-    "pad_token_id", "bos_token_id", "eos_token_id", "mamba_dt_rank", "use_mamba_kernels", "output_attentions",
-    "output_hidden_states", "return_dict", "id2label", "label2id", "tokenizer_class", "chunk_size_feed_forward",
-    "is_encoder_decoder", "problem_type", "task_specific_params", "tie_encoder_decoder", "sep_token_id",
-    "decoder_start_token_id",
-}
+# Granite-4.0-H layer pattern (ibm-granite/granite-4.0-h-tiny config.json, also reported for -small):
+# 40 layers, attention at 5, 15, 25, 35, Mamba-2 elsewhere (9:1).
+_GRANITE_4_H_LAYERS = tuple("attention" if i in (5, 15, 25, 35) else "mamba" for i in range(40))
+# Shared by the Granite-4.0-H configs: NoPE, tied embeddings, vocab 100352, Mamba P = 64,
+# N = 128, one group, d_conv 4, chunk 256, rms eps 1e-5, muP embedding 12 / residual 0.22 /
+# attention 1/128 (= 1/head_dim). logits_scaling differs per model and is given with each.
+_GRANITE_4_H = dict(
+    model_type="granitemoehybrid", vocab_size=100352, num_hidden_layers=40, layer_types=_GRANITE_4_H_LAYERS,
+    position_embedding="none", partial_rotary_factor=1.0, head_dim=128, mamba_d_head=64, mamba_n_groups=1,
+    mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, rms_norm_eps=1e-5,
+    tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22, attention_scale=0.0078125,
+)
+# The reduced CPU layouts: Granite's ratios at hidden 256 in six layers (MMMAMM, as "small"),
+# head_dim 64 (attention scale 1/64), the same multipliers.
+_GRANITE_CPU = dict(
+    model_type="granitemoehybrid", vocab_size=16384, hidden_size=256, num_hidden_layers=6,
+    layer_types=("mamba", "mamba", "mamba", "attention", "mamba", "mamba"), num_attention_heads=4,
+    num_key_value_heads=1, head_dim=64, position_embedding="none", partial_rotary_factor=1.0,
+    mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2,
+    mamba_chunk_size=256, rms_norm_eps=1e-5, tie_word_embeddings=True, embedding_multiplier=12.0,
+    residual_multiplier=0.22, attention_scale=0.015625, logits_scaling=6.0,
+)
 
 
 PRESETS: dict[str, HybridConfig] = {
+    # ---- Bamba ----------------------------------------------------------------------------------
     # Tests: small enough for the Triton interpreter (a 40-token forward in ~1 s); two groups, a
     # 16-token scan chunk and 2:1 GQA keep every kernel path (multi-chunk, grouped B/C, GQA) live.
     "tiny": HybridConfig(
@@ -266,5 +240,49 @@ PRESETS: dict[str, HybridConfig] = {
         attn_layer_indices=(9, 18, 27), num_attention_heads=32, num_key_value_heads=8, head_dim=128,
         mamba_n_heads=128, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2,
         mamba_chunk_size=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    ),
+    # ---- GraniteMoeHybrid (Granite-4.0-H) -----------------------------------------------------------
+    # Tests (as "tiny"): MoE with 4 experts, top 2, beside the shared MLP; full-head RoPE so the
+    # chunked paths see rotated keys (the real models are NoPE, covered by the parity tests);
+    # non-trivial multipliers so a dropped one shows.
+    "granite-tiny": HybridConfig(
+        model_type="granitemoehybrid", vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+        layer_types=("mamba", "attention", "mamba"), num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        position_embedding="rope", partial_rotary_factor=1.0, attention_scale=0.125,
+        moe=MoEConfig(num_experts=4, top_k=2, intermediate_size=32),
+        mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=16, embedding_multiplier=4.0, residual_multiplier=0.5, logits_scaling=2.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=True,
+    ),
+    # CPU experiments, MoE layout: Granite-4.0-H-Tiny's ratios (64 experts of width H/3, top 6,
+    # shared MLP 2H/3) scaled to 32 experts of width 96, top 6, shared 192. 21.8 M parameters
+    # (4.2 M of them the tied embedding), 10.3 M active per token.
+    "granite-small-cpu": HybridConfig(
+        **_GRANITE_CPU, intermediate_size=192, moe=MoEConfig(num_experts=32, top_k=6, intermediate_size=96),
+    ),
+    # CPU experiments, dense layout (as granite-4.0-h-micro): shared MLP 4H, no experts. 11.4 M parameters.
+    "granite-dense-cpu": HybridConfig(**_GRANITE_CPU, intermediate_size=1024),
+    # The published shapes, random weights: GPU timing only. Totals here: micro 3.19 B, tiny 6.94 B
+    # (1.47 B active), small 32.2 B (8.8 B active), as published (3 B; 7 B / 1 B; 32 B / 9 B).
+    # ibm-granite/granite-4.0-h-micro config.json (3B dense): hidden 2048, 16 heads of 128, 4 KV heads,
+    # 64 Mamba heads, shared MLP 8192, no experts. From memory of the published file, not confirmed
+    # here: hidden/heads/KV heads, shared width, logits_scaling 8.
+    "granite-4.0-h-micro": HybridConfig(
+        **_GRANITE_4_H, hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=4,
+        mamba_n_heads=64, logits_scaling=8.0,
+    ),
+    # ibm-granite/granite-4.0-h-tiny config.json (7B, 1B active): hidden 1536, 12 heads, 4 KV heads,
+    # 48 Mamba heads, 64 experts of 512, top 6, shared MLP 1024 (confirmed against a copy of the
+    # published file). logits_scaling 6: from memory, not confirmed here.
+    "granite-4.0-h-tiny": HybridConfig(
+        **_GRANITE_4_H, hidden_size=1536, intermediate_size=1024, num_attention_heads=12, num_key_value_heads=4,
+        mamba_n_heads=48, moe=MoEConfig(num_experts=64, top_k=6, intermediate_size=512), logits_scaling=6.0,
+    ),
+    # ibm-granite/granite-4.0-h-small config.json (32B, 9B active): hidden 4096, 32 heads, 8 KV heads,
+    # 72 experts of 768, top 10, shared MLP 1536 (confirmed against a copy of the published file);
+    # 128 Mamba heads follow from expand 2 and P = 64. logits_scaling 8: not confirmed here.
+    "granite-4.0-h-small": HybridConfig(
+        **_GRANITE_4_H, hidden_size=4096, intermediate_size=1536, num_attention_heads=32, num_key_value_heads=8,
+        mamba_n_heads=128, moe=MoEConfig(num_experts=72, top_k=10, intermediate_size=768), logits_scaling=8.0,
     ),
 }

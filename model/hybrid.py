@@ -1,13 +1,15 @@
-"""`HybridLM`: the Bamba layout (Mamba-2 mixers and GQA attention blocks, each followed by a
-SwiGLU MLP, RMSNorm pre-norms) with two forwards:
+"""`HybridLM`: the shared hybrid decoder (Mamba-2 mixers and GQA attention, each followed by its
+family's feed-forward, RMSNorm pre-norms) with two forwards:
 
 * `logits(input_ids)`: one sequence from position 0, no cache, causal SDPA for attention and the
   varlen scan with zero initial state: the path everything else is compared with;
 * `forward_batch(rows, cache)`: the engine's batched chunk forward over a paged KV cache and
   the SSM/conv state pools, with in-pass state captures.
 
-Parameter names follow transformers' `BambaForCausalLM` with its `model.` prefix dropped, so
-loading an HF checkpoint is a name map (see `model.loading`).
+The family (`config.model_type`, see `model.families`) supplies each layer's feed-forward and the
+checkpoint's tensor names; everything the engine touches (caches, state pools, captures) depends
+only on the config's attention and Mamba layer indices. Parameter names follow transformers'
+Bamba with its `model.` prefix dropped.
 """
 
 from __future__ import annotations
@@ -17,33 +19,55 @@ from typing import Callable
 import torch
 from torch import nn
 
+from kernels.checks import require
 from model.attention import Attention
 from model.backends import Backend, get_backend
 from model.batch import BatchOutput, SequenceChunk, pack_rows, validate_rows
 from model.cache import ModelCache, SSMState
-from model.config import HybridConfig
+from model.config import MIXER_LAYER_TYPES, HybridConfig
+from model.families import get_family
 from model.mamba2 import Mamba2Mixer, MixerStates
-from model.mlp import SwiGLU
 from model.norms import RMSNorm
 from model.rope import rope_cos_sin
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: HybridConfig, kind: str):
+    """Pre-norm residual blocks: the sequence mixer (kind "mamba" or "attention"), then the
+    feed-forward; a feed-forward-only layer (kind None) has no mixer, and a family may give a
+    mixer layer no feed-forward. Each block adds residual_multiplier * block(norm(h))."""
+
+    def __init__(self, config: HybridConfig, layer_type: str, feed_forward: nn.Module | None):
         super().__init__()
-        self.kind = kind
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.feed_forward = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
-        if kind == "mamba":
+        self.kind = layer_type if layer_type in MIXER_LAYER_TYPES else None
+        self.residual_multiplier = config.residual_multiplier
+        # Registration order is the parameter order `init_random_weights` draws in (the seeded presets).
+        if self.kind is not None:
+            self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if feed_forward is not None:
+            self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.feed_forward = feed_forward
+        if self.kind == "mamba":
             self.mamba = Mamba2Mixer(config)
-        else:
+        elif self.kind == "attention":
             self.self_attn = Attention(config)
 
-    def forward(self, h: torch.Tensor, mix: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """Pre-norm residual block; `mix` is the sequence mixer applied to the normed input."""
-        h = h + mix(self.input_layernorm(h))
-        return h + self.feed_forward(self.pre_ff_layernorm(h))
+    def _add(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return h + (out if self.residual_multiplier == 1.0 else out * self.residual_multiplier)
+
+    def forward(self, h: torch.Tensor, mix: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+        """`mix` is the sequence mixer applied to the normed input (None for a feed-forward-only layer)."""
+        if self.kind is not None:
+            h = self._add(h, mix(self.input_layernorm(h)))
+        if self.feed_forward is not None:
+            h = self._add(h, self.feed_forward(self.pre_ff_layernorm(h)))
+        return h
+
+
+def check_backend_supports(config: HybridConfig, ops: Backend) -> None:
+    """Shapes a backend's kernels cannot run fail here, naming the config field, before any weight is used."""
+    require(ops.conv_widths is None or not config.mamba_layer_indices or config.mamba_d_conv in ops.conv_widths,
+            "mamba_d_conv", f"the {ops.name} backend's conv kernels take width {list(ops.conv_widths or ())}, "
+            f"got {config.mamba_d_conv}")
 
 
 class HybridLM(nn.Module):
@@ -51,8 +75,11 @@ class HybridLM(nn.Module):
         super().__init__()
         self.config = config
         self.ops: Backend = get_backend(backend)
+        check_backend_supports(config, self.ops)
+        family = get_family(config.model_type)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
+        self.layers = nn.ModuleList(DecoderLayer(config, kind, family.feed_forward(config, i))
+                                    for i, kind in enumerate(config.layer_types))
         self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
@@ -62,7 +89,9 @@ class HybridLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def set_backend(self, name: str) -> "HybridLM":
-        self.ops = get_backend(name)
+        ops = get_backend(name)
+        check_backend_supports(self.config, ops)
+        self.ops = ops
         return self
 
     @property
@@ -78,7 +107,19 @@ class HybridLM(nn.Module):
         return self.embed_tokens.weight.device
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        if self.config.position_embedding == "none":
+            return None, None
         return rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, dtype)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        m = self.config.embedding_multiplier
+        return h if m == 1.0 else h * m
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(self.final_layernorm(h))
+        s = self.config.logits_scaling
+        return logits if s == 1.0 else logits / s
 
     # the reference path ----------------------------------------------------------------------
     @torch.no_grad()
@@ -88,15 +129,17 @@ class HybridLM(nn.Module):
             raise ValueError(f"input_ids: expected a non-empty 1-D LongTensor, got {getattr(input_ids, 'shape', input_ids)}")
         input_ids = input_ids.to(self.device)
         T = input_ids.numel()
-        h = self.embed_tokens(input_ids)
+        h = self._embed(input_ids)
         cos, sin = self._rope(torch.arange(T, device=self.device), h.dtype)
         cu_seqlens = torch.tensor([0, T], dtype=torch.int32, device=self.device)
         for layer in self.layers:
             if layer.kind == "attention":
                 h = layer(h, lambda x: layer.self_attn(x, cos, sin))
-            else:
+            elif layer.kind == "mamba":
                 h = layer(h, lambda x: layer.mamba(x, self.ops, cu_seqlens=cu_seqlens)[0])
-        return self.lm_head(self.final_layernorm(h))
+            else:
+                h = layer(h, None)
+        return self._head(h)
 
     # the engine path -------------------------------------------------------------------------
     def allocate_cache(self, num_blocks: int, block_size: int, num_state_slots: int) -> ModelCache:
@@ -118,17 +161,19 @@ class HybridLM(nn.Module):
             if row.start_pos == 0:
                 cache.reset_state(row.state_slot)
 
-        h = self.embed_tokens(batch.token_ids)
+        h = self._embed(batch.token_ids)
         cos, sin = self._rope(batch.positions, h.dtype)
         captured: dict[int, MixerStates] = {}
         for i, layer in enumerate(self.layers):
             if layer.kind == "attention":
                 h = layer(h, lambda x: layer.self_attn.forward_paged(
                     x, cos, sin, cache.key_cache[i], cache.value_cache[i], batch.attention, self.ops))
-            else:
+            elif layer.kind == "mamba":
                 h = layer(h, lambda x: self._mamba_rows(i, layer.mamba, x, batch, cache, captured))
+            else:
+                h = layer(h, None)
 
-        logits = self.lm_head(self.final_layernorm(h[batch.logit_index]))
+        logits = self._head(h[batch.logit_index])
         per_row = list(logits.split(batch.logit_counts))
         per_row = [lg if row.all_logits else lg[0] for lg, row in zip(per_row, batch.rows)]
         snapshots = self._snapshots(batch, captured)

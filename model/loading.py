@@ -1,8 +1,10 @@
 """Build a `HybridLM` from a local HF checkpoint folder or from a named preset with random weights.
 
-A checkpoint folder holds `config.json` (transformers' `BambaConfig`) and safetensors weights,
-either one `model.safetensors` or shards listed in `model.safetensors.index.json`. The tensor
-names are transformers' own; the only map is dropping the `model.` prefix of the decoder.
+A checkpoint folder holds `config.json` (a supported family's transformers config: its
+`model_type` picks the family in `model.families`) and safetensors weights, either one
+`model.safetensors` or shards listed in `model.safetensors.index.json`. The family names the
+checkpoint tensor behind each of our parameters (`Family.checkpoint_name`); `save_pretrained`
+writes the same layout back, so transformers can load what we save.
 """
 
 from __future__ import annotations
@@ -13,17 +15,21 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from model.config import PRESETS, HybridConfig
+from model.families import get_family
 from model.hybrid import HybridLM
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def hf_name(name: str) -> str:
-    """Our parameter name -> the checkpoint's (`layers.3.mamba.A_log` -> `model.layers.3.mamba.A_log`)."""
-    return name if name.startswith("lm_head.") else f"model.{name}"
+def checkpoint_names(model: HybridLM) -> dict[str, str | tuple[str, ...]]:
+    """Our parameter name -> its checkpoint tensor name (a tuple: tensors stacked along dim 0).
+    A tied lm_head is listed once, as the embedding."""
+    family = get_family(model.config.model_type)
+    return {name: family.checkpoint_name(model.config, name) for name, _ in model.named_parameters()}
 
 
 def _empty_model(config: HybridConfig, backend: str, dtype: torch.dtype, device) -> HybridLM:
@@ -46,44 +52,80 @@ def _checkpoint_files(path: Path) -> dict[str, Path]:
     raise FileNotFoundError(f"{path}: no {SINGLE_FILE} or {INDEX_FILE}")
 
 
+def _wanted_tensors(model: HybridLM) -> dict[str, tuple[torch.Tensor, int | None]]:
+    """Checkpoint tensor name -> (our parameter, its index along dim 0 for a stacked one, else None)."""
+    wanted = {}
+    params = dict(model.named_parameters())
+    for name, source in checkpoint_names(model).items():
+        if isinstance(source, str):
+            wanted[source] = (params[name], None)
+        else:
+            if len(source) != params[name].shape[0]:
+                raise ValueError(f"{name}: {len(source)} checkpoint tensors for a stack of {params[name].shape[0]}")
+            wanted.update({tensor: (params[name], j) for j, tensor in enumerate(source)})
+    return wanted
+
+
 def load_pretrained(path: str | Path, backend: str = "torch", dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> HybridLM:
     """A `HybridLM` with the checkpoint's weights cast to `dtype` on `device`.
 
     Unsupported config fields fail naming the field; a missing, unexpected or mis-shaped tensor
-    fails naming the tensor (nothing is left uninitialized silently).
+    fails naming the tensor (nothing is left uninitialized silently), all before a weight is read.
     """
     path = Path(path)
     config = HybridConfig.from_json_file(path / "config.json")
     model = _empty_model(config, backend, dtype, device)
     files = _checkpoint_files(path)
 
-    expected = dict(model.named_parameters())  # tied lm_head shares embed_tokens: listed once
-    wanted = {hf_name(name): param for name, param in expected.items()}
-    if config.tie_word_embeddings:
-        files.pop("lm_head.weight", None)  # some writers store the tied copy too; transformers ignores it
+    wanted = _wanted_tensors(model)
+    if config.tie_word_embeddings:  # some writers store the tied copy too; transformers ignores it
+        files.pop(get_family(config.model_type).checkpoint_name(config, "lm_head.weight"), None)
     missing = sorted(set(wanted) - set(files))
     if missing:
         raise ValueError(f"{missing[0]}: missing tensor in checkpoint {path} ({len(missing)} missing: {missing[:8]})")
     unexpected = sorted(set(files) - set(wanted))
     if unexpected:
-        raise ValueError(f"{unexpected[0]}: unexpected tensor in checkpoint {path} (not in the Bamba layout of this "
-                         f"config; {len(unexpected)} unexpected: {unexpected[:8]})")
+        raise ValueError(f"{unexpected[0]}: unexpected tensor in checkpoint {path} (not in the {config.model_type} "
+                         f"layout of this config; {len(unexpected)} unexpected: {unexpected[:8]})")
 
     by_file: dict[Path, list[str]] = {}
     for name in wanted:
         by_file.setdefault(files[name], []).append(name)
+    for file, names in by_file.items():  # every shape before any copy
+        with safe_open(file, framework="pt") as f:
+            for name in names:
+                param, j = wanted[name]
+                shape, expected = tuple(f.get_slice(name).get_shape()), tuple(param.shape[0 if j is None else 1:])
+                if shape != expected:
+                    raise ValueError(f"{name}: checkpoint shape {shape} != expected {expected} for this config "
+                                     f"({file.name})")
     with torch.no_grad():
         for file, names in by_file.items():
             with safe_open(file, framework="pt") as f:
                 for name in names:
-                    param = wanted[name]
-                    shape = tuple(f.get_slice(name).get_shape())
-                    if shape != tuple(param.shape):
-                        raise ValueError(f"{name}: checkpoint shape {shape} != expected {tuple(param.shape)} "
-                                         f"for this config ({file.name})")
-                    param.copy_(f.get_tensor(name).to(dtype))
+                    param, j = wanted[name]
+                    (param if j is None else param[j]).copy_(f.get_tensor(name).to(dtype))
     return model
+
+
+def save_pretrained(model: HybridLM, path: str | Path) -> Path:
+    """config.json (the family's transformers config) and one model.safetensors under the
+    checkpoint's tensor names: what `load_pretrained` and transformers' `from_pretrained` read."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf = model.config.to_hf_dict()
+    (path / "config.json").write_text(json.dumps(hf, indent=2))
+    params = dict(model.named_parameters())
+    tensors = {}
+    for name, source in checkpoint_names(model).items():
+        value = params[name].detach().to("cpu")
+        if isinstance(source, str):
+            tensors[source] = value.contiguous()
+        else:
+            tensors.update({tensor: value[j].contiguous() for j, tensor in enumerate(source)})
+    save_file(tensors, path / SINGLE_FILE, metadata={"format": "pt"})
+    return path
 
 
 @torch.no_grad()
@@ -119,8 +161,8 @@ def init_random_weights(model: HybridLM, seed: int) -> HybridLM:
             p.fill_(1.0)
         elif leaf == "bias":
             p.zero_()
-        else:  # a matrix: (out, in) for Linear, (vocab, hidden) for the embedding
-            std = 1.0 / math.sqrt(p.shape[1])
+        else:  # a matrix: (out, in) for Linear, (vocab, hidden) for the embedding, (experts, out, in)
+            std = 1.0 / math.sqrt(p.shape[-1])
             p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32) * std)
     return model
 

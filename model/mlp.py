@@ -1,4 +1,4 @@
-"""SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+"""Gated feed-forwards: down(silu(gate(x)) * up(x)), with separate or fused gate/up projections."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from torch import nn
 
 
 class SwiGLU(nn.Module):
+    """Bamba's MLP: gate_proj, up_proj, down_proj."""
+
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
@@ -16,3 +18,22 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def swiglu_halves(gate_up: torch.Tensor) -> torch.Tensor:
+    """(..., 2I) rows [gate | up] -> silu(gate) * up (..., I)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class FusedSwiGLU(nn.Module):
+    """The same MLP with gate and up in one matrix (Granite's shared_mlp): input_linear (2I, H)
+    holds the gate rows first, output_linear (H, I); no biases. One matmul instead of two."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.input_linear = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.output_linear = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output_linear(swiglu_halves(self.input_linear(x)))

@@ -1,4 +1,5 @@
-"""Rotary position embedding on the first `rotary_dim` channels of each head (Bamba: half of them).
+"""Rotary position embedding on the first `rotary_dim` channels of each head (Bamba: half of them;
+Granite: all).
 
 cos/sin are computed from absolute positions on every call, in fp32 and in the same order of
 operations as transformers, so a token gets bit-identical angles whether it is prefilled in one
@@ -25,4 +26,4 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = rotary_dim // 2
     rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
     rot = rot * cos[:, None, :] + rotated_half * sin[:, None, :]
-    return torch.cat((rot, rest), dim=-1)
+    return rot if rotary_dim == x.shape[-1] else torch.cat((rot, rest), dim=-1)

@@ -1,4 +1,4 @@
-"""The engine on the real (tiny) model: the scaled-down incident on both backends, capture modes,
+"""The engine on the real (tiny) models, Bamba's and Granite's: the scaled-down incident on both backends, capture modes,
 greedy decode against the plain forward, and prefix caching never changing tokens.
 
 Tolerances, stated once: fp32 logits 1e-4 max abs (BRIEF section 3); fp32 states 1e-5.
@@ -17,9 +17,9 @@ LOGIT_TOL = 1e-4
 STATE_TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def models():
-    return {backend: from_preset("tiny", backend=backend, seed=0) for backend in ("torch", "triton")}
+@pytest.fixture(scope="module", params=["tiny", "granite-tiny"])
+def models(request):
+    return {backend: from_preset(request.param, backend=backend, seed=0) for backend in ("torch", "triton")}
 
 
 def make_engine(model, capture_mode="in_pass", decode_snapshots=False, **sched):

@@ -1,6 +1,6 @@
 """The `triton` backend (kernels; the interpreter on a CPU) == the `torch` backend (references).
 
-Same "tiny" weights, fp32, a mixed schedule: prefill rows with in-pass captures, rows resuming
+Same "tiny" (Bamba) or "granite-tiny" (GraniteMoeHybrid) weights, fp32, a mixed schedule: prefill rows with in-pass captures, rows resuming
 from pool states, decode rows. The Triton scan tiles by the config's 16-token chunk, so the
 45-token sequences cross several scan chunks (the torch reference uses one 128-token chunk:
 the two backends cut the scan differently and must still agree).
@@ -20,9 +20,9 @@ BLOCK_SIZE = 16  # the Triton paged-attention kernel takes pages of 16..256 toke
 
 
 
-@pytest.fixture(scope="module")
-def models():
-    return {name: from_preset("tiny", backend=name, seed=0) for name in ("torch", "triton")}
+@pytest.fixture(scope="module", params=["tiny", "granite-tiny"])
+def models(request):
+    return {name: from_preset(request.param, backend=name, seed=0) for name in ("torch", "triton")}
 
 
 def test_same_weights(models):

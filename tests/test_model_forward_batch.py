@@ -1,6 +1,7 @@
 """`forward_batch` (paged KV, SSM/conv state pools, in-pass captures) against the plain `logits()`.
 
-Torch backend, "tiny" preset, fp32. Chunking changes only summation order (scan chunk cuts,
+Torch backend, the "tiny" (Bamba) and "granite-tiny" (GraniteMoeHybrid: MoE, full-head RoPE,
+muP multipliers) presets, fp32. Chunking changes only summation order (scan chunk cuts,
 attention blocks), so every comparison uses one tolerance, `LOGIT_ATOL` (max abs, the main
 experiment's warm == cold criterion), and states use `STATE_ATOL`.
 """
@@ -23,9 +24,9 @@ STATE_ATOL = 1e-5  # fp32 SSM / conv states, max abs (states are O(0.1 .. 1) her
 
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return from_preset("tiny", backend="torch", seed=0)
+@pytest.fixture(scope="module", params=["tiny", "granite-tiny"])
+def tiny(request):
+    return from_preset(request.param, backend="torch", seed=0)
 
 
 def _assert_states_close(a: SSMState, b: SSMState, what: str) -> None:

@@ -46,15 +46,16 @@ def test_unknown_preset_and_backend_fail_naming_the_field():
         from_preset("tiny", backend="cuda-graphs")
 
 
-def test_bf16_chunked_equals_whole_and_tracks_fp32():
+@pytest.mark.parametrize("preset", ["tiny", "granite-tiny"])
+def test_bf16_chunked_equals_whole_and_tracks_fp32(preset):
     """bf16 weights and activations, fp32 SSM state. Chunked == whole within the bf16 kernel
     tolerance (kernels.testing); against the fp32 model only a sanity bound: 5% of the logit range
     (~6 bf16 ulps at the top; three layers of bf16 rounding measured 2.4%)."""
     from kernels.testing import assert_close
 
     ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0))
-    fp32 = from_preset("tiny", seed=0).logits(ids)
-    model = from_preset("tiny", seed=0, dtype=torch.bfloat16)
+    fp32 = from_preset(preset, seed=0).logits(ids)
+    model = from_preset(preset, seed=0, dtype=torch.bfloat16)
     cache = model.allocate_cache(4, 16, 1)
     assert cache.ssm_pool[0].dtype == torch.float32 and cache.conv_pool[0].dtype == torch.bfloat16
     got = torch.cat([model.forward_batch([SequenceChunk(ids[a:b], a, [0, 1, 2], 0, all_logits=True)], cache).logits[0]
@@ -63,3 +64,23 @@ def test_bf16_chunked_equals_whole_and_tracks_fp32():
     assert_close(got, model.logits(ids), torch.bfloat16, "bf16 chunked vs whole")
     err = (got.float() - fp32).abs().max().item()
     assert err <= 0.05 * fp32.abs().max().item(), err
+
+
+@pytest.mark.parametrize("name, total, active", [
+    ("granite-4.0-h-micro", (3.0e9, 3.4e9), (3.0e9, 3.4e9)),  # published: 3B dense
+    ("granite-4.0-h-tiny", (6.8e9, 7.1e9), (1.3e9, 1.6e9)),  # published: 7B total, 1B active
+    ("granite-4.0-h-small", (3.1e10, 3.3e10), (8.5e9, 9.2e9)),  # published: 32B total, 9B active
+    ("granite-small-cpu", (1e7, 3e7), (5e6, 3e7)),  # reduced CPU layouts: 10-30 M parameters
+    ("granite-dense-cpu", (1e7, 3e7), (1e7, 3e7)),
+])
+def test_granite_shapes(name, total, active):
+    cfg = PRESETS[name]
+    with torch.device("meta"):
+        model = HybridLM(cfg)
+    params = sum(p.numel() for p in model.parameters())
+    idle = 0 if cfg.moe is None else (cfg.num_hidden_layers * 3 * cfg.hidden_size * cfg.moe.intermediate_size
+                                      * (cfg.moe.num_experts - cfg.moe.top_k))
+    assert total[0] < params < total[1] and active[0] < params - idle < active[1], (params, params - idle)
+    assert cfg.model_type == "granitemoehybrid" and cfg.tie_word_embeddings
+    if name.startswith("granite-4.0"):
+        assert cfg.attn_layer_indices == (5, 15, 25, 35) and cfg.position_embedding == "none"

@@ -8,18 +8,15 @@ import json
 import statistics
 
 import torch
-from safetensors.torch import save_file
 
 from experiments import warm_restore
 from experiments.runs import build_model
-from model.loading import from_preset, hf_name
+from model.loading import from_preset, save_pretrained
 
 
 def save_checkpoint(folder, preset="tiny", seed=0):
     model = from_preset(preset, seed=seed)
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(model.config.to_hf_dict()))
-    save_file({hf_name(n): p.detach().contiguous() for n, p in model.named_parameters()}, folder / "model.safetensors")
+    save_pretrained(model, folder)
     return model
 
 

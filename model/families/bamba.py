@@ -1,0 +1,144 @@
+"""Bamba (`model_type` "bamba", transformers' `BambaForCausalLM`): every layer is a Mamba-2 mixer
+or GQA attention with partial RoPE, followed by a SwiGLU MLP. Tensor names are transformers'
+own with the decoder's `model.` prefix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernels.checks import require
+from model.config import HybridConfig
+from model.families.base import (Family, parse_int, parse_time_step_limit, reject_unknown_fields,
+                                 require_model_type)
+from model.mlp import SwiGLU
+
+MODEL_TYPE = "bamba"
+
+# Fields of BambaConfig that the shared config reads (all of them change the forward pass).
+_READ = frozenset({
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "attn_layer_indices",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "rope_parameters", "rope_theta", "rope_scaling",
+    "partial_rotary_factor", "attn_rotary_emb", "attention_bias", "mlp_bias", "hidden_act", "mamba_n_heads",
+    "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size",
+    "mamba_conv_bias", "mamba_proj_bias", "time_step_limit", "rms_norm_eps", "tie_word_embeddings",
+    "quantization_config",
+})
+# Bamba-only fields that do not change an inference forward (`mamba_dt_rank` and
+# `use_mamba_kernels` are leftovers of the original conversion).
+_INERT = frozenset({"z_loss_coefficient", "num_logits_to_keep", "mamba_dt_rank", "use_mamba_kernels"})
+
+
+def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
+    """Map an HF Bamba `config.json` dict; unsupported fields or values raise naming the field."""
+    require_model_type(hf, MODEL_TYPE)
+    reject_unknown_fields(hf, _READ, _INERT, "Bamba")
+    require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
+            f"only 'silu' is implemented (SwiGLU and the conv activation), got {hf.get('hidden_act')!r}")
+    require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
+    require(hf.get("rope_scaling") is None, "rope_scaling", f"only plain RoPE is implemented, got {hf.get('rope_scaling')}")
+
+    # RoPE: transformers v5 keeps `rope_parameters`; v4 files carry a top-level rope_theta.
+    # Both versions hardcode partial_rotary_factor = 0.5 unless rope_parameters says otherwise.
+    rope = hf.get("rope_parameters") or {}
+    require(rope.get("rope_type", rope.get("type", "default")) == "default", "rope_parameters.rope_type",
+            f"only 'default' RoPE is implemented, got {rope.get('rope_type', rope.get('type'))!r}")
+    unknown_rope = sorted(set(rope) - {"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+    require(not unknown_rope, f"rope_parameters.{unknown_rope[0]}" if unknown_rope else "",
+            f"RoPE field not supported: {unknown_rope}")
+    top_partial = hf.get("partial_rotary_factor", 0.5)
+    require(top_partial == 0.5, "partial_rotary_factor", "transformers' Bamba ignores a top-level value and uses "
+            f"0.5; put another value in rope_parameters (got {top_partial})")
+    partial = float(rope.get("partial_rotary_factor", 0.5))
+    rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+    d = HybridConfig()  # transformers' defaults for absent fields
+    hidden = int(hf.get("hidden_size", d.hidden_size))
+    heads = int(hf.get("num_attention_heads", d.num_attention_heads))
+    kv_heads = hf.get("num_key_value_heads", d.num_key_value_heads)
+    head_dim = int(hf.get("head_dim") or hidden // heads)
+    expand = parse_int(hf, "mamba_expand", d.mamba_expand)
+    m_heads = int(hf.get("mamba_n_heads", d.mamba_n_heads))
+    d_head = hf.get("mamba_d_head", "auto")
+    d_head = expand * hidden // m_heads if d_head in ("auto", None) else int(d_head)
+    require(m_heads * d_head == expand * hidden, "mamba_d_head",
+            f"mamba_n_heads * mamba_d_head = {m_heads * d_head} must equal mamba_expand * hidden_size = "
+            f"{expand * hidden}")
+    rotary_dim = int(head_dim * partial)
+    if "attn_rotary_emb" in hf:  # written by the original Bamba conversion; must agree with the rotary dim
+        require(int(hf["attn_rotary_emb"]) == rotary_dim, "attn_rotary_emb",
+                f"{hf['attn_rotary_emb']} disagrees with head_dim * partial_rotary_factor = {rotary_dim}")
+    return HybridConfig(
+        model_type=MODEL_TYPE,
+        vocab_size=int(hf.get("vocab_size", d.vocab_size)),
+        hidden_size=hidden,
+        intermediate_size=int(hf.get("intermediate_size", d.intermediate_size)),
+        num_hidden_layers=int(hf.get("num_hidden_layers", d.num_hidden_layers)),
+        attn_layer_indices=tuple(hf.get("attn_layer_indices") or ()),
+        num_attention_heads=heads,
+        num_key_value_heads=int(kv_heads if kv_heads is not None else heads),
+        head_dim=head_dim,
+        partial_rotary_factor=partial,
+        rope_theta=rope_theta,
+        attention_bias=bool(hf.get("attention_bias", d.attention_bias)),
+        mlp_bias=bool(hf.get("mlp_bias", d.mlp_bias)),
+        mamba_n_heads=m_heads,
+        mamba_d_head=d_head,
+        mamba_n_groups=int(hf.get("mamba_n_groups", d.mamba_n_groups)),
+        mamba_d_state=int(hf.get("mamba_d_state", d.mamba_d_state)),
+        mamba_d_conv=int(hf.get("mamba_d_conv", d.mamba_d_conv)),
+        mamba_expand=expand,
+        mamba_chunk_size=int(hf.get("mamba_chunk_size", d.mamba_chunk_size)),
+        mamba_conv_bias=bool(hf.get("mamba_conv_bias", d.mamba_conv_bias)),
+        mamba_proj_bias=bool(hf.get("mamba_proj_bias", d.mamba_proj_bias)),
+        time_step_limit=parse_time_step_limit(hf.get("time_step_limit", d.time_step_limit)),
+        rms_norm_eps=float(hf.get("rms_norm_eps", d.rms_norm_eps)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", d.tie_word_embeddings)),
+    )
+
+
+def config_to_hf(c: HybridConfig) -> dict[str, Any]:
+    """The `BambaConfig(**kwargs)` that builds the same model in transformers."""
+    require(set(c.layer_types) <= {"mamba", "attention"} and c.moe is None and c.position_embedding == "rope"
+            and c.attention_scale is None and (c.embedding_multiplier, c.residual_multiplier, c.logits_scaling)
+            == (1.0, 1.0, 1.0), "model_type", "this config uses features transformers' Bamba does not have")
+    return {
+        "model_type": MODEL_TYPE,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "attn_layer_indices": list(c.attn_layer_indices),
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta,
+                            "partial_rotary_factor": c.partial_rotary_factor},
+        "attention_bias": c.attention_bias,
+        "mlp_bias": c.mlp_bias,
+        "mamba_n_heads": c.mamba_n_heads,
+        "mamba_d_head": c.mamba_d_head,
+        "mamba_n_groups": c.mamba_n_groups,
+        "mamba_d_state": c.mamba_d_state,
+        "mamba_d_conv": c.mamba_d_conv,
+        "mamba_expand": c.mamba_expand,
+        "mamba_chunk_size": c.mamba_chunk_size,
+        "mamba_conv_bias": c.mamba_conv_bias,
+        "mamba_proj_bias": c.mamba_proj_bias,
+        "time_step_limit": list(c.time_step_limit),
+        "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "hidden_act": "silu",
+    }
+
+
+def feed_forward(c: HybridConfig, layer_index: int) -> SwiGLU:
+    return SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias)
+
+
+def checkpoint_name(c: HybridConfig, name: str) -> str:
+    """`layers.3.mamba.A_log` -> `model.layers.3.mamba.A_log`; the head keeps its name."""
+    return name if name.startswith("lm_head.") else f"model.{name}"
+
+
+FAMILY = Family(model_type=MODEL_TYPE, config_from_hf=config_from_hf, config_to_hf=config_to_hf,
+                feed_forward=feed_forward, checkpoint_name=checkpoint_name)

@@ -1,0 +1,83 @@
+"""`Family`: what a model family provides to the shared model, and HF-config helpers they share.
+
+A family is one module under `model/families/` exposing `FAMILY = Family(...)`:
+
+* `config_from_hf(hf_dict) -> HybridConfig`: map its transformers `config.json` onto the shared
+  config, refusing (ValueError naming the field) any field or value the shared layers do not
+  implement; `config_to_hf(config) -> dict` is the inverse (transformers' config kwargs with
+  `model_type`), used to build the reference model in tests and benchmarks;
+* `feed_forward(config, layer_index) -> nn.Module | None`: the module applied after the layer's
+  sequence mixer (or alone, for a feed-forward-only layer), built from the shared layers
+  (`model.mlp`, `model.moe`); None for a layer without one. `(T, hidden) -> (T, hidden)`;
+* `checkpoint_name(config, name) -> str | tuple[str, ...]`: our parameter name -> the
+  checkpoint's tensor name, or several names whose tensors stack along a new dim 0 (experts
+  stored one tensor each).
+
+Everything else (embedding, the Mamba-2 and attention mixers with their caches and captures,
+norms, residuals and multipliers, head) is shared: `model.hybrid.HybridLM` builds it from the
+config, so the engine never needs to know the family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+from torch import nn
+
+from kernels.checks import require
+from model.config import HybridConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    model_type: str  # transformers' `model_type` in config.json
+    config_from_hf: Callable[[dict[str, Any]], HybridConfig]
+    config_to_hf: Callable[[HybridConfig], dict[str, Any]]
+    feed_forward: Callable[[HybridConfig, int], nn.Module | None]
+    checkpoint_name: Callable[[HybridConfig, str], "str | tuple[str, ...]"]
+
+
+# Fields that never change an inference forward in any family: training knobs, token ids,
+# generation and bookkeeping.
+INERT_HF_FIELDS = frozenset({
+    "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype", "use_cache",
+    "initializer_range", "attention_dropout", "max_position_embeddings", "pad_token_id", "bos_token_id",
+    "eos_token_id", "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
+    "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder", "problem_type", "task_specific_params",
+    "tie_encoder_decoder", "sep_token_id", "decoder_start_token_id",
+})
+
+
+def reject_unknown_fields(hf: dict[str, Any], read: frozenset[str] | set[str], inert: frozenset[str] | set[str],
+                          family: str) -> None:
+    """Every config.json field must be one the family reads or one known not to change the math."""
+    unknown = sorted(set(hf) - set(read) - set(inert) - INERT_HF_FIELDS)
+    require(not unknown, unknown[0] if unknown else "", f"config.json field not supported for {family} "
+            f"(it may change the math); unsupported fields: {unknown}")
+
+
+def require_model_type(hf: dict[str, Any], model_type: str) -> None:
+    require(hf.get("model_type") == model_type, "model_type", f"expected {model_type!r}, got {hf.get('model_type')!r}")
+
+
+def parse_time_step_limit(value) -> tuple[float, float]:
+    """(lo, hi); transformers v5 writes infinity as {"__float__": "Infinity"}, v4 as a bare Infinity."""
+    if value is None:
+        return (0.0, math.inf)
+    out = []
+    for v in value:
+        if isinstance(v, dict) and "__float__" in v:
+            v = v["__float__"]
+        out.append(float(v))
+    require(len(out) == 2, "time_step_limit", f"expected two values, got {value!r}")
+    return (out[0], out[1])
+
+
+def parse_int(hf: dict[str, Any], name: str, default) -> int:
+    """An integer-valued field (JSON may hold 2.0); refuses a fractional value naming the field."""
+    value = hf.get(name, default)
+    require(isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer(), name,
+            f"must be an integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,235 @@
+"""GraniteMoeHybrid (`model_type` "granitemoehybrid": IBM Granite-4.0-H, transformers'
+`GraniteMoeHybridForCausalLM`).
+
+Each layer is a Mamba-2 mixer or GQA attention (RoPE on the whole head, or none: NoPE), then a
+feed-forward that is the shared SwiGLU `shared_mlp` alone (dense, num_local_experts 0) or plus
+a top-k routed MoE `block_sparse_moe` (softmax over the top-k router logits). Granite's muP
+scalings: embeddings * embedding_multiplier, every residual branch * residual_multiplier, the
+attention softmax scale is attention_multiplier, logits / logits_scaling.
+
+Field mapping: Granite's `shared_intermediate_size` is our dense MLP width (`intermediate_size`);
+its `intermediate_size` is one routed expert's width (`moe.intermediate_size`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from kernels.checks import require
+from model.config import HybridConfig, MoEConfig
+from model.families.base import (Family, parse_int, parse_time_step_limit, reject_unknown_fields,
+                                 require_model_type)
+from model.mlp import FusedSwiGLU
+from model.moe import SparseMoE
+
+MODEL_TYPE = "granitemoehybrid"
+
+# transformers' GraniteMoeHybridConfig defaults, for fields a config.json leaves out.
+_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                 num_attention_heads=32, rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False,
+                 embedding_multiplier=1.0, logits_scaling=1.0, residual_multiplier=1.0, attention_multiplier=1.0,
+                 num_local_experts=8, num_experts_per_tok=2, shared_intermediate_size=1024, mamba_n_heads=128,
+                 mamba_n_groups=1, mamba_d_state=256, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256,
+                 mamba_conv_bias=True, mamba_proj_bias=False)
+_READ = frozenset(_DEFAULTS) | {
+    "model_type", "num_key_value_heads", "head_dim", "hidden_act", "layer_types", "layers_block_type",
+    "position_embedding_type", "rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor",
+    "mamba_d_head", "time_step_limit", "quantization_config", "normalization_function",
+}
+# Granite-only fields that do not change an inference forward (training and init knobs).
+_INERT = frozenset({"output_router_logits", "router_aux_loss_coef", "init_method", "num_logits_to_keep"})
+# Layer names: transformers v5 writes the new ones, the published checkpoints the legacy ones.
+_LAYER_TYPES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention",
+                "full_attention": "attention"}
+
+
+def _layer_types(hf: dict[str, Any], num_layers: int) -> tuple[str, ...]:
+    given = {k: hf[k] for k in ("layer_types", "layers_block_type") if hf.get(k) is not None}
+    if not given:  # transformers' default: every layer a Mamba layer
+        return ("mamba",) * num_layers
+    field, raw = next(iter(given.items()))
+    types = []
+    for t in raw:
+        require(t in _LAYER_TYPES, field, f"unknown layer type {t!r} (expected one of {sorted(_LAYER_TYPES)})")
+        types.append(_LAYER_TYPES[t])
+    if len(given) == 2:
+        require([_LAYER_TYPES.get(t) for t in given["layers_block_type"]] == types, "layers_block_type",
+                "disagrees with layer_types")
+    require(len(types) == num_layers, field, f"{len(types)} entries for num_hidden_layers={num_layers}")
+    return tuple(types)
+
+
+def _rope(hf: dict[str, Any]) -> tuple[str, float]:
+    """(position_embedding, rope_theta). transformers applies RoPE only for "rope", on the whole
+    head (it ignores partial_rotary_factor), and NoPE for None or "nope"."""
+    kind = hf.get("position_embedding_type")
+    require(kind in (None, "nope", "rope"), "position_embedding_type",
+            f"expected 'rope', 'nope' or null, got {kind!r}")
+    rope = hf.get("rope_parameters") or {}
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if kind != "rope":
+        return "none", theta
+    require(hf.get("rope_scaling") is None, "rope_scaling", f"only plain RoPE is implemented, got {hf.get('rope_scaling')}")
+    require(rope.get("rope_type", rope.get("type", "default")) == "default", "rope_parameters.rope_type",
+            f"only 'default' RoPE is implemented, got {rope.get('rope_type', rope.get('type'))!r}")
+    unknown = sorted(set(rope) - {"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+    require(not unknown, f"rope_parameters.{unknown[0]}" if unknown else "", f"RoPE field not supported: {unknown}")
+    for where, value in (("partial_rotary_factor", hf.get("partial_rotary_factor")),
+                         ("rope_parameters.partial_rotary_factor", rope.get("partial_rotary_factor"))):
+        require(value in (None, 1.0), where, f"transformers' Granite rotates the whole head; got {value}")
+    return "rope", theta
+
+
+def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
+    """Map a GraniteMoeHybrid `config.json` dict; unsupported fields or values raise naming the field."""
+    require_model_type(hf, MODEL_TYPE)
+    reject_unknown_fields(hf, _READ, _INERT, "GraniteMoeHybrid")
+    get = {k: hf.get(k, v) for k, v in _DEFAULTS.items()}
+    require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
+            f"only 'silu' is implemented (SwiGLU and the conv activation), got {hf.get('hidden_act')!r}")
+    require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
+    require(hf.get("normalization_function", "rmsnorm") == "rmsnorm", "normalization_function",
+            f"only 'rmsnorm' is implemented, got {hf.get('normalization_function')!r}")
+    position, theta = _rope(hf)
+    hidden, heads = parse_int(hf, "hidden_size", get["hidden_size"]), parse_int(hf, "num_attention_heads",
+                                                                               get["num_attention_heads"])
+    kv_heads = hf.get("num_key_value_heads")
+    expand = parse_int(hf, "mamba_expand", get["mamba_expand"])
+    m_heads = parse_int(hf, "mamba_n_heads", get["mamba_n_heads"])
+    d_head = hf.get("mamba_d_head", "auto")
+    d_head = expand * hidden // m_heads if d_head in ("auto", None) else int(d_head)
+    require(m_heads * d_head == expand * hidden, "mamba_d_head",
+            f"mamba_n_heads * mamba_d_head = {m_heads * d_head} must equal mamba_expand * hidden_size = "
+            f"{expand * hidden}")
+    experts = parse_int(hf, "num_local_experts", get["num_local_experts"])
+    require(experts >= 0, "num_local_experts", f"must be >= 0 (0: dense), got {experts}")
+    moe = None
+    if experts > 0:
+        moe = MoEConfig(num_experts=experts, top_k=parse_int(hf, "num_experts_per_tok", get["num_experts_per_tok"]),
+                        intermediate_size=parse_int(hf, "intermediate_size", get["intermediate_size"]))
+    num_layers = parse_int(hf, "num_hidden_layers", get["num_hidden_layers"])
+    return HybridConfig(
+        model_type=MODEL_TYPE,
+        vocab_size=parse_int(hf, "vocab_size", get["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=parse_int(hf, "shared_intermediate_size", get["shared_intermediate_size"]),
+        num_hidden_layers=num_layers,
+        layer_types=_layer_types(hf, num_layers),
+        num_attention_heads=heads,
+        num_key_value_heads=int(kv_heads) if kv_heads is not None else heads,
+        head_dim=int(hf.get("head_dim") or hidden // heads),
+        position_embedding=position,
+        partial_rotary_factor=1.0,
+        rope_theta=theta,
+        attention_scale=float(get["attention_multiplier"]),
+        attention_bias=bool(get["attention_bias"]),
+        mlp_bias=False,
+        mamba_n_heads=m_heads,
+        mamba_d_head=d_head,
+        mamba_n_groups=parse_int(hf, "mamba_n_groups", get["mamba_n_groups"]),
+        mamba_d_state=parse_int(hf, "mamba_d_state", get["mamba_d_state"]),
+        mamba_d_conv=parse_int(hf, "mamba_d_conv", get["mamba_d_conv"]),
+        mamba_expand=expand,
+        mamba_chunk_size=parse_int(hf, "mamba_chunk_size", get["mamba_chunk_size"]),
+        mamba_conv_bias=bool(get["mamba_conv_bias"]),
+        mamba_proj_bias=bool(get["mamba_proj_bias"]),
+        time_step_limit=parse_time_step_limit(hf.get("time_step_limit")),
+        moe=moe,
+        embedding_multiplier=float(get["embedding_multiplier"]),
+        residual_multiplier=float(get["residual_multiplier"]),
+        logits_scaling=float(get["logits_scaling"]),
+        rms_norm_eps=float(get["rms_norm_eps"]),
+        tie_word_embeddings=bool(get["tie_word_embeddings"]),
+    )
+
+
+def config_to_hf(c: HybridConfig) -> dict[str, Any]:
+    """The `GraniteMoeHybridConfig(**kwargs)` that builds the same model in transformers."""
+    require(set(c.layer_types) <= {"mamba", "attention"}, "layer_types",
+            f"Granite layers are 'mamba' or 'attention', got {sorted(set(c.layer_types))}")
+    require(c.position_embedding == "none" or c.partial_rotary_factor == 1.0, "partial_rotary_factor",
+            "transformers' Granite rotates the whole head")
+    require(not c.mlp_bias and (c.moe is None or c.moe.router == "softmax_topk"), "moe",
+            "Granite's MLPs have no bias and route by softmax over the top-k logits")
+    hf = {
+        "model_type": MODEL_TYPE,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.moe.intermediate_size if c.moe else c.intermediate_size,
+        "shared_intermediate_size": c.intermediate_size,
+        "num_local_experts": c.moe.num_experts if c.moe else 0,
+        "num_experts_per_tok": c.moe.top_k if c.moe else 0,
+        "num_hidden_layers": c.num_hidden_layers,
+        "layer_types": list(c.layer_types),
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "position_embedding_type": "rope" if c.position_embedding == "rope" else "nope",
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "attention_multiplier": c.softmax_scale,
+        "attention_bias": c.attention_bias,
+        "embedding_multiplier": c.embedding_multiplier,
+        "residual_multiplier": c.residual_multiplier,
+        "logits_scaling": c.logits_scaling,
+        "mamba_n_heads": c.mamba_n_heads,
+        "mamba_d_head": c.mamba_d_head,
+        "mamba_n_groups": c.mamba_n_groups,
+        "mamba_d_state": c.mamba_d_state,
+        "mamba_d_conv": c.mamba_d_conv,
+        "mamba_expand": c.mamba_expand,
+        "mamba_chunk_size": c.mamba_chunk_size,
+        "mamba_conv_bias": c.mamba_conv_bias,
+        "mamba_proj_bias": c.mamba_proj_bias,
+        "time_step_limit": list(c.time_step_limit),
+        "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "hidden_act": "silu",
+    }
+    if c.head_dim != c.hidden_size // c.num_attention_heads:
+        hf["head_dim"] = c.head_dim
+    return hf
+
+
+class GraniteFeedForward(nn.Module):
+    """shared_mlp(x), plus block_sparse_moe(x) when the model has routed experts."""
+
+    def __init__(self, c: HybridConfig):
+        super().__init__()
+        self.block_sparse_moe = SparseMoE(c.hidden_size, c.moe) if c.moe is not None else None
+        self.shared_mlp = FusedSwiGLU(c.hidden_size, c.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.shared_mlp(x)
+        return out if self.block_sparse_moe is None else self.block_sparse_moe(x) + out
+
+
+def feed_forward(c: HybridConfig, layer_index: int) -> GraniteFeedForward:
+    return GraniteFeedForward(c)
+
+
+# our name -> the checkpoint's (transformers writes the published names: `input_linear`, `router.layer`)
+_RENAMES = [
+    (re.compile(r"^final_layernorm\."), "model.norm."),
+    (re.compile(r"^layers\.(\d+)\.pre_ff_layernorm\."), r"model.layers.\1.post_attention_layernorm."),
+    (re.compile(r"^layers\.(\d+)\.feed_forward\.block_sparse_moe\.router\.weight$"),
+     r"model.layers.\1.block_sparse_moe.router.layer.weight"),
+    (re.compile(r"^layers\.(\d+)\.feed_forward\.block_sparse_moe\.experts\.gate_up_proj$"),
+     r"model.layers.\1.block_sparse_moe.input_linear.weight"),
+    (re.compile(r"^layers\.(\d+)\.feed_forward\.block_sparse_moe\.experts\.down_proj$"),
+     r"model.layers.\1.block_sparse_moe.output_linear.weight"),
+    (re.compile(r"^layers\.(\d+)\.feed_forward\."), r"model.layers.\1."),
+]
+
+
+def checkpoint_name(c: HybridConfig, name: str) -> str:
+    for pattern, replacement in _RENAMES:
+        if pattern.search(name):
+            return pattern.sub(replacement, name)
+    return name if name.startswith("lm_head.") else f"model.{name}"
+
+
+FAMILY = Family(model_type=MODEL_TYPE, config_from_hf=config_from_hf, config_to_hf=config_to_hf,
+                feed_forward=feed_forward, checkpoint_name=checkpoint_name)

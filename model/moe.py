@@ -1,0 +1,108 @@
+"""Sparse mixture-of-experts feed-forward: a router picks `top_k` experts per token and weights
+them; the experts run over the tokens sorted by expert.
+
+Dispatch (`run_experts`): the T*k (token, expert) assignments are argsorted by expert, so each
+expert's tokens form one contiguous slice of the gathered input: one matmul pair per expert (a
+loop over experts, never over tokens), or on a GPU one `torch._grouped_mm` per projection for
+all experts at once. The weighted outputs are index_add-ed back onto their tokens.
+
+A router and an experts module are separate so that families combine them: Granite's router is
+`SoftmaxTopKRouter` with `GatedExperts`; another routing rule (sigmoid scores with a correction
+bias and grouped top-k) or non-gated experts plug into `run_experts` the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import MoEConfig
+from model.mlp import swiglu_halves
+
+
+class SoftmaxTopKRouter(nn.Module):
+    """Granite's routing, op for op as transformers' GraniteMoeHybridTopKRouter: logits = x W^T in
+    x's dtype, then fp32; `torch.topk` over them; softmax over the k chosen logits, back in x's
+    dtype. The same ops on the same values choose the same experts when logits tie."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (T, H) -> weights (T, k) in x's dtype, expert index (T, k) int64."""
+        logits = F.linear(x, self.weight).float()
+        top_logits, index = logits.topk(self.top_k, dim=-1)
+        return torch.softmax(top_logits, dim=-1).type_as(x), index
+
+
+ROUTERS: dict[str, type[nn.Module]] = {"softmax_topk": SoftmaxTopKRouter}
+
+
+def _grouped_mm_fits(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """torch._grouped_mm needs 16-byte aligned rows in every operand."""
+    per_16_bytes = 16 // x.element_size()
+    return hasattr(torch, "_grouped_mm") and all(w.shape[1] % per_16_bytes == 0 and w.shape[2] % per_16_bytes == 0
+                                                  for w in weights)
+
+
+def run_experts(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor, w_in: torch.Tensor,
+                w_out: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor],
+                grouped: bool | None = None) -> torch.Tensor:
+    """sum_j weights[t, j] * expert_{index[t, j]}(x[t]) for every token t.
+
+    x (T, H); weights, index (T, k); expert e is w_out[e] @ activation(w_in[e] @ x) with w_in
+    (E, U, H), w_out (E, H, I) and activation (.., U) -> (.., I). `grouped` None: grouped matmuls
+    on a GPU in bf16 (where torch._grouped_mm runs), the per-expert loop otherwise; True forces
+    them (the CPU build has them too, which is how they are tested).
+    """
+    T, k = index.shape
+    flat = index.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # assignments grouped by expert, token order within
+    token = order.div(k, rounding_mode="floor")
+    xs = x.index_select(0, token)
+    counts = torch.bincount(flat, minlength=w_in.shape[0])
+    if grouped is None:
+        grouped = x.is_cuda and x.dtype == torch.bfloat16 and _grouped_mm_fits(x, w_in, w_out)
+    if grouped:
+        offsets = counts.cumsum(0, dtype=torch.int32)
+        hidden = activation(torch._grouped_mm(xs, w_in.transpose(1, 2), offs=offsets))
+        ys = torch._grouped_mm(hidden, w_out.transpose(1, 2), offs=offsets)
+    else:
+        ys = xs.new_empty(T * k, w_out.shape[1])
+        start = 0
+        for e, n in enumerate(counts.tolist()):  # one host sync per layer
+            if n:
+                ys[start:start + n] = F.linear(activation(F.linear(xs[start:start + n], w_in[e])), w_out[e])
+                start += n
+    ys = ys * weights.reshape(-1)[order].unsqueeze(-1)
+    return torch.zeros_like(x).index_add_(0, token, ys)
+
+
+class GatedExperts(nn.Module):
+    """num_experts SwiGLU MLPs stacked: gate_up_proj (E, 2I, H) with the gate rows first, down_proj (E, H, I)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return run_experts(x, weights, index, self.gate_up_proj, self.down_proj, swiglu_halves)
+
+
+class SparseMoE(nn.Module):
+    """Router + gated experts: (T, H) -> (T, H)."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig):
+        super().__init__()
+        self.router = ROUTERS[moe.router](hidden_size, moe.num_experts, moe.top_k)
+        self.experts = GatedExperts(hidden_size, moe.intermediate_size, moe.num_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, index = self.router(x)
+        return self.experts(x, weights, index)
