@@ -33,10 +33,15 @@ def checkpoint_names(model: HybridLM) -> dict[str, str | tuple[str, ...]]:
 
 
 def _empty_model(config: HybridConfig, backend: str, dtype: torch.dtype, device) -> HybridLM:
-    """Parameters allocated in `dtype` on `device` without an fp32 CPU detour (Bamba-9B: 20 GB in bf16)."""
+    """Parameters allocated in `dtype` on `device` without an fp32 CPU detour (Bamba-9B: 20 GB in bf16);
+    a module with `keep_in_fp32 = True` (NemotronH's router, as in transformers) stays fp32."""
     with torch.device("meta"):
         model = HybridLM(config, backend=backend)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    model = model.to(dtype=dtype)
+    for module in model.modules():
+        if getattr(module, "keep_in_fp32", False):
+            module.float()
+    model = model.to_empty(device=device)
     model.tie_weights()  # to_empty may re-create the tied tensor; tie again
     return model.eval()
 
@@ -105,7 +110,7 @@ def load_pretrained(path: str | Path, backend: str = "torch", dtype: torch.dtype
             with safe_open(file, framework="pt") as f:
                 for name in names:
                     param, j = wanted[name]
-                    (param if j is None else param[j]).copy_(f.get_tensor(name).to(dtype))
+                    (param if j is None else param[j]).copy_(f.get_tensor(name))  # cast to the parameter's dtype
     return model
 
 

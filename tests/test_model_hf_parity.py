@@ -125,6 +125,8 @@ def test_config_round_trips_through_transformers():
     from model import PRESETS
 
     for name, cfg in PRESETS.items():
+        if cfg.model_type != "bamba":  # other families: their own test files
+            continue
         hf_cfg = BambaConfig(**cfg.to_hf_dict())
         assert HybridConfig.from_hf_dict(json.loads(hf_cfg.to_json_string())) == cfg, name
     assert HybridConfig.from_hf_dict(json.loads(BambaConfig().to_json_string())) == HybridConfig()
