@@ -321,6 +321,7 @@ PRESETS.update({
         intermediate_size=1856, num_attention_heads=32, num_key_value_heads=2, head_dim=128, mamba_n_heads=64,
         mamba_d_head=64, mamba_n_groups=8, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
         moe=MoEConfig(num_experts=128, top_k=6, intermediate_size=1856, router="sigmoid_grouped_topk", n_group=1,
-                      topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, shared_expert_intermediate_size=3712),
+                      topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                      shared_expert_intermediate_size=3712),
     ),
 })

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from model import PRESETS, HybridConfig, HybridLM, SequenceChunk, from_preset, load_pretrained, save_pretrained
 from model.engine import Engine, EngineConfig, ModelRunner
 from model.moe_nemotron import SigmoidGroupedTopKRouter
+from model.norms import RMSNorm
 from model_helpers import max_abs, one_thread, tokens  # noqa: F401  (one_thread: autouse)
 from planner.scheduler import SchedulerConfig
 
@@ -37,9 +38,11 @@ BASE = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_val
             intermediate_size=80, mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, conv_kernel=4, chunk_size=16,
             moe_intermediate_size=32, moe_shared_expert_intermediate_size=48)
 CASES = {
-    # every kind; 8 experts in 4 groups, the 2 best groups, 3 experts per token, normalized x 2.5
+    # every kind; 8 experts in 4 groups, the 2 best groups, 3 experts per token, normalized x 2.5; dt
+    # clamped below at 0.05 (without the clamp the logits move by 7e-3); MLP and shared-expert biases
     "moe-grouped": dict(hybrid_override_pattern="M*-EME*", n_groups=2, n_routed_experts=8, num_experts_per_tok=3,
-                        n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, time_step_min=0.01),
+                        n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, time_step_min=0.05,
+                        mlp_bias=True),
     # dense layers only, every bias on, one B/C group, sharded checkpoint
     "dense-biases-sharded": dict(hybrid_override_pattern="M-*M-", n_groups=1, mlp_bias=True, use_bias=True,
                                  mamba_proj_bias=True, use_conv_bias=False),
@@ -189,6 +192,45 @@ def test_router_matches_transformers_bit_for_bit_with_ties(n_group, topk_group, 
     assert (torch.sigmoid(x @ theirs.weight.T) == 1.0).sum(-1).max() > 4  # saturated: ties across rows too
 
 
+def test_moe_block_matches_transformers_bit_for_bit_in_bf16():
+    """bf16 experts and shared expert, fp32 router: the same dtype casts and the same per-token sum
+    as transformers' NemotronHMoE (with its default grouped_mm experts) give identical bits."""
+    cfg = NemotronHConfig(vocab_size=64, hidden_size=64, hybrid_override_pattern="E", n_routed_experts=8,
+                          num_experts_per_tok=3, n_group=4, topk_group=2, moe_intermediate_size=32,
+                          moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5, mlp_bias=True)
+    torch.manual_seed(0)
+    hf = NemotronHForCausalLM(cfg).eval()
+    assert hf.config._experts_implementation == "grouped_mm"
+    theirs = hf.model.layers[0].mixer
+    _randomize(theirs, seed=4)
+    theirs.to(torch.bfloat16).gate.float()
+    ours = HybridLM(HybridConfig.from_hf_dict(json.loads(cfg.to_json_string()))).layers[0].feed_forward
+    ours.load_state_dict(theirs.state_dict())
+    ours.to(torch.bfloat16).gate.float()
+    x = torch.randn(200, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    with torch.no_grad():
+        expected = theirs(x[None])[0]
+    got = ours(x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+
+
+def test_rms_norm_multiplies_the_weight_in_fp32_like_transformers():
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHRMSNorm
+
+    theirs = NemotronHRMSNorm(64, eps=1e-5)
+    with torch.no_grad():
+        theirs.weight.copy_(1 + torch.randn(64, generator=torch.Generator().manual_seed(6)))
+    x = torch.randn(100, 64, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    ours = {flag: RMSNorm(64, 1e-5, weight_in_fp32=flag) for flag in (True, False)}
+    for norm in (theirs, *ours.values()):
+        norm.load_state_dict(theirs.state_dict())
+        norm.to(torch.bfloat16)
+    with torch.no_grad():
+        expected = theirs(x)
+        assert torch.equal(ours[True](x), expected)
+        assert not torch.equal(ours[False](x), expected)  # Bamba's rounding: the flag matters in bf16
+
+
 def test_save_pretrained_round_trips_and_transformers_reads_it(tmp_path):
     model = from_preset("nemotron-h-tiny", seed=3)
     save_pretrained(model, tmp_path)
@@ -332,8 +374,9 @@ NANO_CONFIG_JSON = """{
   "conv_kernel": 4, "eos_token_id": 2, "expand": 2, "head_dim": 128, "hidden_dropout": 0.0, "hidden_size": 2688,
   "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", "initializer_range": 0.02,
   "intermediate_size": 1856, "layer_norm_epsilon": 1e-05, "mamba_head_dim": 64, "mamba_hidden_act": "silu",
-  "mamba_num_heads": 64, "mamba_proj_bias": false, "mamba_ssm_cache_dtype": "float32", "max_position_embeddings": 262144,
-  "mlp_bias": false, "mlp_hidden_act": "relu2", "model_type": "nemotron_h", "moe_intermediate_size": 1856,
+  "mamba_num_heads": 64, "mamba_proj_bias": false, "mamba_ssm_cache_dtype": "float32",
+  "max_position_embeddings": 262144, "mlp_bias": false, "mlp_hidden_act": "relu2", "model_type": "nemotron_h",
+  "moe_intermediate_size": 1856,
   "moe_shared_expert_intermediate_size": 3712, "n_group": 1, "n_groups": 8, "n_routed_experts": 128,
   "n_shared_experts": 1, "norm_eps": 1e-05, "norm_topk_prob": true, "num_attention_heads": 32, "num_experts_per_tok": 6,
   "num_hidden_layers": 52, "num_key_value_heads": 2, "num_logits_to_keep": 1, "pad_token_id": 0,

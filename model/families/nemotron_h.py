@@ -42,23 +42,25 @@ PATTERN_SYMBOLS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}  # ou
 # transformers' NemotronHConfig defaults (v5.24), used for absent fields.
 DEFAULT_BLOCK_TYPES = ("linear_attention", "moe", "full_attention", "mlp")  # neither pattern nor list given
 DEFAULTS: dict[str, Any] = dict(
-    vocab_size=131072, hidden_size=4096, tie_word_embeddings=False, num_attention_heads=32, num_key_value_heads=8, head_dim=128, attention_bias=False,
-    intermediate_size=21504, mlp_hidden_act="relu2", mlp_bias=False, ssm_state_size=128, mamba_num_heads=128,
-    mamba_head_dim=64, mamba_hidden_act="silu", n_groups=8, conv_kernel=4, expand=2, time_step_min=0.001,
-    use_conv_bias=True, chunk_size=128, mamba_proj_bias=False, mamba_ssm_cache_dtype="float32", n_routed_experts=8,
-    n_shared_experts=1, moe_intermediate_size=7688, moe_shared_expert_intermediate_size=7688, moe_latent_size=None,
-    num_experts_per_tok=2, routed_scaling_factor=1.0, n_group=1, topk_group=1, norm_topk_prob=True,
-    num_nextn_predict_layers=0, use_bias=False, layer_norm_epsilon=1e-5, residual_in_fp32=False, sliding_window=None,
+    vocab_size=131072, hidden_size=4096, tie_word_embeddings=False, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=128, attention_bias=False, intermediate_size=21504, mlp_hidden_act="relu2", mlp_bias=False,
+    ssm_state_size=128, mamba_num_heads=128, mamba_head_dim=64, mamba_hidden_act="silu", n_groups=8, conv_kernel=4,
+    expand=2, time_step_min=0.001, use_conv_bias=True, chunk_size=128, mamba_proj_bias=False,
+    mamba_ssm_cache_dtype="float32", n_routed_experts=8, n_shared_experts=1, moe_intermediate_size=7688,
+    moe_shared_expert_intermediate_size=7688, moe_latent_size=None, num_experts_per_tok=2, routed_scaling_factor=1.0,
+    n_group=1, topk_group=1, norm_topk_prob=True, num_nextn_predict_layers=0, use_bias=False, layer_norm_epsilon=1e-5,
+    residual_in_fp32=False, sliding_window=None,
 )
-# Old names transformers' NemotronHConfig still accepts (the old name wins when both are given).
+# Other names transformers' NemotronHConfig accepts (older configs; `num_local_experts` is an alias).
+# transformers lets the old name win when both are given; here both must agree.
 LEGACY_NAMES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_expand": "expand",
                 "mamba_dt_min": "time_step_min", "mamba_dt_limit": "time_step_limit",
                 "mamba_conv_bias": "use_conv_bias", "mamba_chunk_size": "chunk_size",
                 "num_local_experts": "n_routed_experts"}
 
 _READ = frozenset(DEFAULTS) | frozenset(LEGACY_NAMES) | {
-    "model_type", "hybrid_override_pattern", "layers_block_type", "num_hidden_layers", "attention_head_dim", "time_step_limit",
-    "rms_norm_eps", "norm_eps", "quantization_config",
+    "model_type", "hybrid_override_pattern", "layers_block_type", "num_hidden_layers", "attention_head_dim",
+    "time_step_limit", "rms_norm_eps", "norm_eps", "quantization_config",
 }
 # Fields that do not change transformers' inference forward: initialization, dropout, kernel
 # choice, training outputs, Megatron scheduling, multi-token-prediction layers (refused when
@@ -102,7 +104,8 @@ def layer_types_from_hf(hf: dict[str, Any]) -> tuple[str, ...]:
 def _check_refused(h: dict[str, Any], head_dim: int) -> None:
     """Values transformers' NemotronH does not compute (or computes unlike the field's meaning)."""
     require(h.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
-    require(h["mlp_hidden_act"] == "relu2", "mlp_hidden_act", f"only 'relu2' is implemented, got {h['mlp_hidden_act']!r}")
+    require(h["mlp_hidden_act"] == "relu2", "mlp_hidden_act",
+            f"only 'relu2' is implemented, got {h['mlp_hidden_act']!r}")
     require(h["mamba_hidden_act"] == "silu", "mamba_hidden_act",
             f"only 'silu' is implemented (the conv activation), got {h['mamba_hidden_act']!r}")
     require(not h["attention_bias"], "attention_bias", "transformers' NemotronH attention has no biases "
@@ -240,7 +243,8 @@ def config_to_hf(c: HybridConfig) -> dict[str, Any]:
         m = c.moe
         require(m.router == "sigmoid_grouped_topk" and m.shared_expert_intermediate_size >= 1, "moe",
                 "NemotronH's MoE routes by sigmoid_grouped_topk and has one shared expert")
-        hf.update(n_routed_experts=m.num_experts, num_experts_per_tok=m.top_k, moe_intermediate_size=m.intermediate_size,
+        hf.update(n_routed_experts=m.num_experts, num_experts_per_tok=m.top_k,
+                  moe_intermediate_size=m.intermediate_size,
                   moe_shared_expert_intermediate_size=m.shared_expert_intermediate_size, n_shared_experts=1,
                   n_group=m.n_group, topk_group=m.topk_group, norm_topk_prob=m.norm_topk_prob,
                   routed_scaling_factor=m.routed_scaling_factor)
