@@ -140,9 +140,10 @@ def init_random_weights(model: HybridLM, seed: int) -> HybridLM:
 
     Matrices ~ N(0, 1/fan_in) (unit-scale activations after every projection; the embedding
     N(0, 1/hidden), so a tied head gives unit-scale logits too; a MoE router's correction bias,
-    one value per expert, N(0, 1/num_experts)), other biases 0, norms 1, D 1, conv as PyTorch's Conv1d default U(+-1/sqrt(d_conv)). A = -U(1, 16)
-    and dt = softplus(dt_bias) log-uniform in [1e-3, 1e-1], as mamba_ssm initializes them: the
-    per-token decay exp(dt * A) spans 0.2 .. 0.999, so some heads remember ~1000 tokens.
+    one value per expert, N(0, 1/num_experts)), other biases 0, norms 1, D 1, conv as PyTorch's
+    Conv1d default U(+-1/sqrt(d_conv)). A = -U(1, 16) and dt = softplus(dt_bias) log-uniform in
+    [1e-3, 1e-1], as mamba_ssm initializes them: the per-token decay exp(dt * A) spans 0.2 .. 0.999,
+    so some heads remember ~1000 tokens.
     Why not transformers' init (N(0, 0.02), dt_bias = 1, A = -1..-H): with it B and C come out
     of the conv ~10x smaller and the SSM state moves the logits of "small" by 0.02 (std) against
     0.28 here, so a wrongly restored state would hide under the warm == cold tolerance.
