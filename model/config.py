@@ -24,7 +24,10 @@ MIXER_LAYER_TYPES = ("mamba", "attention")
 FEED_FORWARD_LAYER_TYPES = ("mlp", "moe")
 LAYER_TYPES = MIXER_LAYER_TYPES + FEED_FORWARD_LAYER_TYPES
 POSITION_EMBEDDINGS = ("rope", "none")
-MOE_ROUTERS = ("softmax_topk",)  # model.moe.ROUTERS: how router logits become top-k expert weights
+# How router logits become top-k expert weights: "softmax_topk" (Granite, model.moe), "sigmoid_grouped_topk"
+# (Nemotron-H, DeepSeek-V3 style: sigmoid scores plus a selection-only bias, top groups, then top-k;
+# model.moe_nemotron).
+MOE_ROUTERS = ("softmax_topk", "sigmoid_grouped_topk")
 
 
 def _positive_ints(obj, names) -> None:
@@ -42,12 +45,41 @@ class MoEConfig:
     top_k: int  # experts per token
     intermediate_size: int  # width of one expert's MLP
     router: str = "softmax_topk"  # Granite: softmax over the top-k router logits
+    # "sigmoid_grouped_topk" only (other routers keep the defaults): the experts fall into n_group
+    # equal groups, a token picks its topk_group best groups (each scored by its two best experts)
+    # and its top_k experts inside them; weights are the picked sigmoid scores, divided by their
+    # sum if norm_topk_prob, times routed_scaling_factor.
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+    # A dense expert every token passes through besides the routed ones (0: none); its width.
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self):
-        _positive_ints(self, ("num_experts", "top_k", "intermediate_size"))
+        _positive_ints(self, ("num_experts", "top_k", "intermediate_size", "n_group", "topk_group"))
         require(self.top_k <= self.num_experts, "num_experts_per_tok",
                 f"top_k {self.top_k} exceeds num_experts {self.num_experts}")
         require(self.router in MOE_ROUTERS, "router", f"expected one of {MOE_ROUTERS}, got {self.router!r}")
+        require(isinstance(self.shared_expert_intermediate_size, int) and self.shared_expert_intermediate_size >= 0,
+                "shared_expert_intermediate_size", f"must be an int >= 0, got {self.shared_expert_intermediate_size!r}")
+        require(isinstance(self.routed_scaling_factor, (int, float)) and math.isfinite(self.routed_scaling_factor)
+                and self.routed_scaling_factor > 0, "routed_scaling_factor",
+                f"must be a positive finite number, got {self.routed_scaling_factor!r}")
+        if self.router != "sigmoid_grouped_topk":
+            require((self.n_group, self.topk_group, self.norm_topk_prob, self.routed_scaling_factor)
+                    == (1, 1, False, 1.0), "router", f"{self.router!r} takes no n_group, topk_group, norm_topk_prob "
+                    "or routed_scaling_factor")
+            return
+        require(self.num_experts % self.n_group == 0, "n_group",
+                f"{self.n_group} must divide num_experts={self.num_experts}")
+        per_group = self.num_experts // self.n_group
+        require(per_group >= 2, "n_group", f"groups are scored by their two best experts: num_experts "
+                f"{self.num_experts} / n_group {self.n_group} = {per_group} < 2")
+        require(self.topk_group <= self.n_group, "topk_group",
+                f"{self.topk_group} exceeds n_group={self.n_group}")
+        require(self.top_k <= self.topk_group * per_group, "num_experts_per_tok",
+                f"top_k {self.top_k} exceeds the {self.topk_group * per_group} experts of the topk_group best groups")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +124,9 @@ class HybridConfig:
     logits_scaling: float = 1.0  # logits / s
     # norms, head
     rms_norm_eps: float = 1e-5
+    # RMSNorm: multiply the weight in fp32 and round once (Nemotron-H) rather than round the
+    # normalized input to the model dtype first (Bamba). Same result in fp32.
+    rms_norm_weight_in_fp32: bool = False
     tie_word_embeddings: bool = False
 
     def __post_init__(self):
@@ -286,3 +321,75 @@ PRESETS: dict[str, HybridConfig] = {
         mamba_n_heads=128, moe=MoEConfig(num_experts=72, top_k=10, intermediate_size=768), logits_scaling=8.0,
     ),
 }
+
+
+# ---- Nemotron-H (model.families.nemotron_h) -------------------------------------------------------
+def layer_types_from_pattern(pattern: str) -> tuple[str, ...]:
+    """Nemotron-H's `hybrid_override_pattern`: M Mamba-2, * attention, - MLP, E MoE, one symbol per layer."""
+    symbols = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    require(isinstance(pattern, str) and pattern, "hybrid_override_pattern", f"expected a non-empty string, "
+            f"got {pattern!r}")
+    bad = sorted(set(pattern) - set(symbols))
+    require(not bad, "hybrid_override_pattern", f"unknown layer symbol(s) {bad} in {pattern!r} (supported: "
+            f"{', '.join(f'{k} {v}' for k, v in symbols.items())})")
+    return tuple(symbols[ch] for ch in pattern)
+
+
+def _nemotron_h(pattern: str, **shapes) -> HybridConfig:
+    """What every Nemotron-H shares: NoPE attention, no biases, relu^2 MLPs (set by the family), fp32
+    norm-weight multiply, eps 1e-5, dt clamped below at time_step_min = 0.001, untied head."""
+    fixed = dict(model_type="nemotron_h", num_hidden_layers=len(pattern), layer_types=layer_types_from_pattern(pattern),
+                 position_embedding="none", time_step_limit=(0.001, math.inf), rms_norm_eps=1e-5,
+                 rms_norm_weight_in_fp32=True, tie_word_embeddings=False)
+    return HybridConfig(**fixed, **shapes)
+
+
+PRESETS.update({
+    # Tests: every layer kind ("ME*M-E": Mamba, MoE, attention, Mamba, MLP, MoE) at interpreter-fast
+    # shapes. head_dim 24 != hidden / heads and Mamba d_inner 4 x 16 = 64 != expand * hidden, as
+    # Nemotron-H allows; 8 experts in 4 groups, 2 groups and 2 experts per token, so the grouped
+    # routing is live (the published models use one group).
+    "nemotron-h-tiny": _nemotron_h(
+        "ME*M-E", vocab_size=256, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=24, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=16,
+        moe=MoEConfig(num_experts=8, top_k=2, intermediate_size=32, router="sigmoid_grouped_topk", n_group=4,
+                      topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, shared_expert_intermediate_size=48),
+    ),
+    # The CPU experiment size of the Nemotron-H layout (15.6 M parameters, 8.4 M of them embedding and
+    # head), at the "small" preset's hidden 256 and vocabulary: Nemotron 3 Nano's alternation of
+    # Mamba and MoE layers plus Nemotron-H-8B's dense relu^2 MLP layers, one attention layer in ten.
+    # Nemotron's Mamba shapes scaled down (head dim 64, N = 128, d_conv 4, chunk 128, grouped B/C),
+    # Nano's routing (one group, sigmoid, normalized top-k times 2.5) over 16 experts, top 4.
+    "nemotron-h-small-cpu": _nemotron_h(
+        "MEM-M*MEM-", vocab_size=16384, hidden_size=256, intermediate_size=768, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=2, mamba_d_state=128,
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
+        moe=MoEConfig(num_experts=16, top_k=4, intermediate_size=192, router="sigmoid_grouped_topk",
+                      norm_topk_prob=True, routed_scaling_factor=2.5, shared_expert_intermediate_size=384),
+    ),
+    # nvidia/Nemotron-H-8B-Base-8K, random weights (GPU timing only). Shapes are transformers'
+    # NemotronHConfig defaults, which are this model's (hidden 4096, MLP 21504, 32/8 heads of 128,
+    # Mamba 128 heads x 64, 8 groups, N = 128), and the 52-layer pattern of NVIDIA's configuration
+    # file (24 Mamba-2, 24 MLP, 4 attention, as the Nemotron-H paper, arXiv 2504.03624, lists).
+    # Not confirmed against the config.json itself (no network here): the pattern, the 131072
+    # vocabulary and chunk 128; the parameter count, 8,100,852,736, matches a published
+    # per-tensor breakdown of the checkpoint.
+    "nemotron-h-8b": _nemotron_h(
+        "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", vocab_size=131072, hidden_size=4096,
+        intermediate_size=21504, num_attention_heads=32, num_key_value_heads=8, head_dim=128, mamba_n_heads=128,
+        mamba_d_head=64, mamba_n_groups=8, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
+    ),
+    # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json (as quoted in public code; the model
+    # card: 52 layers = 23 Mamba-2 + 23 MoE + 6 attention, 128 experts + 1 shared, 6 per token,
+    # 31.6 B total / ~3.5 B active parameters: this preset has 31.58 B / 3.58 B). Random weights:
+    # GPU timing only. Mamba d_inner = 64 x 64 = 4096, not expand * hidden.
+    "nemotron-3-nano": _nemotron_h(
+        "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", vocab_size=131072, hidden_size=2688,
+        intermediate_size=1856, num_attention_heads=32, num_key_value_heads=2, head_dim=128, mamba_n_heads=64,
+        mamba_d_head=64, mamba_n_groups=8, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
+        moe=MoEConfig(num_experts=128, top_k=6, intermediate_size=1856, router="sigmoid_grouped_topk", n_group=1,
+                      topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                      shared_expert_intermediate_size=3712),
+    ),
+})

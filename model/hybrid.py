@@ -41,10 +41,11 @@ class DecoderLayer(nn.Module):
         self.kind = layer_type if layer_type in MIXER_LAYER_TYPES else None
         self.residual_multiplier = config.residual_multiplier
         # Registration order is the parameter order `init_random_weights` draws in (the seeded presets).
+        norm = (config.hidden_size, config.rms_norm_eps, config.rms_norm_weight_in_fp32)
         if self.kind is not None:
-            self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.input_layernorm = RMSNorm(*norm)
         if feed_forward is not None:
-            self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.pre_ff_layernorm = RMSNorm(*norm)
         self.feed_forward = feed_forward
         if self.kind == "mamba":
             self.mamba = Mamba2Mixer(config)
@@ -80,7 +81,7 @@ class HybridLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, kind, family.feed_forward(config, i))
                                     for i, kind in enumerate(config.layer_types))
-        self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.rms_norm_weight_in_fp32)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 

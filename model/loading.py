@@ -33,10 +33,15 @@ def checkpoint_names(model: HybridLM) -> dict[str, str | tuple[str, ...]]:
 
 
 def _empty_model(config: HybridConfig, backend: str, dtype: torch.dtype, device) -> HybridLM:
-    """Parameters allocated in `dtype` on `device` without an fp32 CPU detour (Bamba-9B: 20 GB in bf16)."""
+    """Parameters allocated in `dtype` on `device` without an fp32 CPU detour (Bamba-9B: 20 GB in bf16);
+    a module with `keep_in_fp32 = True` (NemotronH's router, as in transformers) stays fp32."""
     with torch.device("meta"):
         model = HybridLM(config, backend=backend)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    model = model.to(dtype=dtype)
+    for module in model.modules():
+        if getattr(module, "keep_in_fp32", False):
+            module.float()
+    model = model.to_empty(device=device)
     model.tie_weights()  # to_empty may re-create the tied tensor; tie again
     return model.eval()
 
@@ -105,7 +110,7 @@ def load_pretrained(path: str | Path, backend: str = "torch", dtype: torch.dtype
             with safe_open(file, framework="pt") as f:
                 for name in names:
                     param, j = wanted[name]
-                    (param if j is None else param[j]).copy_(f.get_tensor(name).to(dtype))
+                    (param if j is None else param[j]).copy_(f.get_tensor(name))  # cast to the parameter's dtype
     return model
 
 
@@ -133,10 +138,11 @@ def init_random_weights(model: HybridLM, seed: int) -> HybridLM:
     """Random weights with Mamba-2's SSM initialization, generated on the model's device.
 
     Matrices ~ N(0, 1/fan_in) (unit-scale activations after every projection; the embedding
-    N(0, 1/hidden), so a tied head gives unit-scale logits too),
-    biases 0, norms 1, D 1, conv as PyTorch's Conv1d default U(+-1/sqrt(d_conv)). A = -U(1, 16)
-    and dt = softplus(dt_bias) log-uniform in [1e-3, 1e-1], as mamba_ssm initializes them: the
-    per-token decay exp(dt * A) spans 0.2 .. 0.999, so some heads remember ~1000 tokens.
+    N(0, 1/hidden), so a tied head gives unit-scale logits too; a MoE router's correction bias,
+    one value per expert, N(0, 1/num_experts)), other biases 0, norms 1, D 1, conv as PyTorch's
+    Conv1d default U(+-1/sqrt(d_conv)). A = -U(1, 16) and dt = softplus(dt_bias) log-uniform in
+    [1e-3, 1e-1], as mamba_ssm initializes them: the per-token decay exp(dt * A) spans 0.2 .. 0.999,
+    so some heads remember ~1000 tokens.
     Why not transformers' init (N(0, 0.02), dt_bias = 1, A = -1..-H): with it B and C come out
     of the conv ~10x smaller and the SSM state moves the logits of "small" by 0.02 (std) against
     0.28 here, so a wrongly restored state would hide under the warm == cold tolerance.

@@ -1,4 +1,6 @@
-"""Gated feed-forwards: down(silu(gate(x)) * up(x)), with separate or fused gate/up projections."""
+"""Dense feed-forwards: SwiGLU, down(silu(gate(x)) * up(x)), with separate or fused gate/up
+projections (Bamba, Granite); and the ungated squared-ReLU MLP, down(relu(up(x))^2) (Nemotron-H's
+"-" layers and its MoE experts)."""
 
 from __future__ import annotations
 
@@ -37,3 +39,18 @@ class FusedSwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.output_linear(swiglu_halves(self.input_linear(x)))
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """transformers' "relu2" (ReLUSquaredActivation): square(relu(x)), in x's dtype."""
+    return torch.square(F.relu(x))
+
+
+class ReluSquaredMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool):
+        super().__init__()
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(relu_squared(self.up_proj(x)))

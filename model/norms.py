@@ -1,4 +1,5 @@
-"""RMSNorm and the Mamba-2 mixer's gated, grouped RMSNorm, computed in fp32 as transformers' Bamba does."""
+"""RMSNorm and the Mamba-2 mixer's gated, grouped RMSNorm, computed in fp32 as transformers' Bamba
+and NemotronH do."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float):
+    """`weight_in_fp32`: weight * normalized x in fp32, rounded once to x's dtype (NemotronH);
+    otherwise the normalized x is rounded first and multiplied in the weight's dtype (Bamba)."""
+
+    def __init__(self, hidden_size: int, eps: float, weight_in_fp32: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.weight_in_fp32 = weight_in_fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight_in_fp32:
+            return (self.weight.float() * x32).to(x.dtype)
         return self.weight * x32.to(x.dtype)
 
 

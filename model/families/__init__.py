@@ -8,10 +8,10 @@ from typing import Any
 
 from kernels.checks import require
 from model.config import HybridConfig
-from model.families import bamba, granite
+from model.families import bamba, granite, nemotron_h
 from model.families.base import Family
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (bamba.FAMILY, granite.FAMILY)}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (bamba.FAMILY, granite.FAMILY, nemotron_h.FAMILY)}
 
 
 def get_family(model_type: str) -> Family:

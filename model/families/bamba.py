@@ -99,8 +99,9 @@ def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
 def config_to_hf(c: HybridConfig) -> dict[str, Any]:
     """The `BambaConfig(**kwargs)` that builds the same model in transformers."""
     require(set(c.layer_types) <= {"mamba", "attention"} and c.moe is None and c.position_embedding == "rope"
-            and c.attention_scale is None and (c.embedding_multiplier, c.residual_multiplier, c.logits_scaling)
-            == (1.0, 1.0, 1.0), "model_type", "this config uses features transformers' Bamba does not have")
+            and c.attention_scale is None and not c.rms_norm_weight_in_fp32
+            and (c.embedding_multiplier, c.residual_multiplier, c.logits_scaling) == (1.0, 1.0, 1.0), "model_type",
+            "this config uses features transformers' Bamba does not have")
     return {
         "model_type": MODEL_TYPE,
         "vocab_size": c.vocab_size,
