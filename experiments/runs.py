@@ -89,7 +89,7 @@ def build_model(name: str, device: str = "cpu", seed: int = 0, dtype: str = "flo
 
 
 def model_summary(model: HybridLM) -> dict:
-    return {"params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+    return {"model_type": model.config.model_type, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
             "layers": "".join(LAYER_SYMBOLS[t] for t in model.config.layer_types)}
 
 

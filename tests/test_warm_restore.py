@@ -9,7 +9,8 @@ import statistics
 
 import torch
 
-from experiments import warm_restore
+from experiments import warm_restore, warm_restore_families
+from experiments.results_io import read_csv
 from experiments.runs import build_model
 from model.loading import from_preset, save_pretrained
 
@@ -56,3 +57,19 @@ def test_scaled_incident_with_paired_repeats_and_machine_load(tmp_path):
     assert (out / "warm_restore.png").is_file()
     readme = (out / "README.md").read_text()
     assert "Machine load average" in readme and "warm TTFT (min of 3)" in readme
+
+
+def test_family_table_reads_each_run(tmp_path):
+    """One row per warm_restore.json under the root, the family taken from the model's config."""
+    root = tmp_path / "wr"
+    for preset in ("tiny", "granite-tiny"):
+        assert warm_restore.main(["--model", preset, "--prompt-len", "260", "--block-size", "4", "--budget", "64",
+                                  "--interval", "0", "--repeats", "1", "--curve-repeats", "1",
+                                  "--out", str(root / preset)]) == 0
+    assert warm_restore_families.main(["--root", str(root)]) == 0
+    rows = read_csv(root / "families.csv")
+    assert [(r["model"], r["family"]) for r in rows] == [("granite-tiny", "granitemoehybrid"), ("tiny", "bamba")]
+    for r in rows:
+        assert (int(r["legacy_restore_at"]), int(r["legacy_replayed"])) == (193, 67)
+        assert (int(r["restore_at"]), int(r["replayed"])) == (252, 8)
+    assert "| granite-tiny | granitemoehybrid |" in (root / "families.md").read_text()
