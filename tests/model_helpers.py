@@ -1,4 +1,5 @@
-"""Shared by the tests/test_model_*.py files: thread count, token draws, the max-abs comparison."""
+"""Shared by the tests/test_model_*.py files: thread count, token draws, the max-abs comparison,
+the parameter perturbation of HF parity checkpoints."""
 
 from __future__ import annotations
 
@@ -25,3 +26,28 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape, (tuple(a.shape), tuple(b.shape))
     assert not torch.isnan(a).any(), "NaN in the result"
     return (a.float() - b.float()).abs().max().item()
+
+
+@torch.no_grad()
+def perturb_parameters(model: torch.nn.Module, seed: int, std_by_suffix: dict[str, float] | None = None,
+                       buffer_std_by_suffix: dict[str, float] | None = None) -> None:
+    """Move every parameter off its init constant, so a parity test cannot pass on a weight left at
+    1 or 0: A = -U(1, 16), dt_bias so that softplus gives dt' in 0.02 .. 0.7, norms and D ~ 1 +-
+    0.3, everything else N(0, 0.1) unless `std_by_suffix` names another std for it; buffers named
+    in `buffer_std_by_suffix` (e.g. a router's score bias) get N(0, std) after the parameters."""
+    g = torch.Generator().manual_seed(seed)
+    std_by_suffix = std_by_suffix or {}
+    for name, p in model.named_parameters():
+        if name.endswith("A_log"):
+            p.copy_(torch.log(torch.rand(p.shape, generator=g) * 15 + 1))
+        elif name.endswith("dt_bias"):
+            p.copy_(torch.rand(p.shape, generator=g) * 4 - 4)
+        elif "norm" in name or name.endswith(".D"):
+            p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+        else:
+            std = next((s for suffix, s in std_by_suffix.items() if name.endswith(suffix)), 0.1)
+            p.copy_(std * torch.randn(p.shape, generator=g))
+    for name, b in model.named_buffers():
+        std = next((s for suffix, s in (buffer_std_by_suffix or {}).items() if name.endswith(suffix)), None)
+        if std is not None:
+            b.copy_(std * torch.randn(b.shape, generator=g))

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import BambaConfig, BambaForCausalLM  # noqa: E402
 
 from model import HybridConfig, load_pretrained  # noqa: E402
-from model_helpers import one_thread  # noqa: F401  (autouse: tiny shapes run single-threaded)
+from model_helpers import one_thread, perturb_parameters  # noqa: F401  (one_thread: autouse)
 
 HF_PARITY_ATOL = 1e-4  # fp32 logits, max abs (issue #5)
 SEQ_LEN = 70  # > 4 of HF's 16-token scan chunks, not a multiple of 16
@@ -39,25 +39,13 @@ SHARDED = {"tied-g2-sharded"}
 
 
 
-@torch.no_grad()
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("A_log"):
-            p.copy_(torch.log(torch.rand(p.shape, generator=g) * 15 + 1))
-        elif name.endswith("dt_bias"):
-            p.copy_(torch.rand(p.shape, generator=g) * 4 - 4)  # softplus -> dt' in 0.02 .. 0.7
-        elif "norm" in name or name.endswith(".D"):
-            p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-        else:
-            p.copy_(0.1 * torch.randn(p.shape, generator=g))
 
 
 def _hf_checkpoint(tmp_path_factory, case: str):
     cfg = BambaConfig(**BASE, **CASES[case])
     torch.manual_seed(0)
     hf = BambaForCausalLM(cfg).eval()
-    _randomize(hf, seed=1)
+    perturb_parameters(hf, seed=1)
     hf.tie_weights()
     path = tmp_path_factory.mktemp(case)
     if case in SHARDED:

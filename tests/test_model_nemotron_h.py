@@ -23,7 +23,7 @@ from model import PRESETS, HybridConfig, HybridLM, SequenceChunk, from_preset, l
 from model.engine import Engine
 from model.moe_nemotron import SigmoidGroupedTopKRouter
 from model.norms import RMSNorm
-from model_helpers import max_abs, one_thread, tokens  # noqa: F401  (one_thread: autouse)
+from model_helpers import max_abs, one_thread, perturb_parameters, tokens  # noqa: F401  (one_thread: autouse)
 
 transformers = pytest.importorskip("transformers")
 from transformers import NemotronHConfig, NemotronHForCausalLM  # noqa: E402
@@ -50,25 +50,10 @@ CASES = {
                      topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0),
 }
 SHARDED = {"dense-biases-sharded"}
+# router logits of order 1 (sigmoid not saturated); the selection bias moved off zero
+PERTURB = dict(std_by_suffix={"gate.weight": 0.3}, buffer_std_by_suffix={"e_score_correction_bias": 0.1})
 
 
-@torch.no_grad()
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("A_log"):
-            p.copy_(torch.log(torch.rand(p.shape, generator=g) * 15 + 1))
-        elif name.endswith("dt_bias"):
-            p.copy_(torch.rand(p.shape, generator=g) * 4 - 4)  # softplus -> dt' in 0.02 .. 0.7
-        elif "norm" in name or name.endswith(".D"):
-            p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-        elif name.endswith("gate.weight"):
-            p.copy_(0.3 * torch.randn(p.shape, generator=g))  # router logits of order 1: sigmoid not saturated
-        else:
-            p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    for name, b in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
 @torch.no_grad()
@@ -86,7 +71,7 @@ def _tie_router_scores(model: torch.nn.Module) -> None:
 def _hf_checkpoint(tmp_path_factory, case: str):
     torch.manual_seed(0)
     hf = NemotronHForCausalLM(NemotronHConfig(**BASE, **CASES[case])).eval()
-    _randomize(hf, seed=1)
+    perturb_parameters(hf, seed=1, **PERTURB)
     if case == "moe-ties":
         _tie_router_scores(hf)
     path = tmp_path_factory.mktemp(case)
@@ -201,7 +186,7 @@ def test_moe_block_matches_transformers_bit_for_bit_in_bf16():
     hf = NemotronHForCausalLM(cfg).eval()
     assert hf.config._experts_implementation == "grouped_mm"
     theirs = hf.model.layers[0].mixer
-    _randomize(theirs, seed=4)
+    perturb_parameters(theirs, seed=4, **PERTURB)
     theirs.to(torch.bfloat16).gate.float()
     ours = HybridLM(HybridConfig.from_hf_dict(json.loads(cfg.to_json_string()))).layers[0].feed_forward
     ours.load_state_dict(theirs.state_dict())
