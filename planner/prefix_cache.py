@@ -18,7 +18,7 @@ import dataclasses
 from typing import Sequence
 
 from kernels.checks import require
-from planner.block_pool import BlockHash, BlockPool, KVBlock, extend_block_hashes  # noqa: F401 (re-exported)
+from planner.block_pool import BlockHash, BlockPool, KVBlock
 
 
 @dataclasses.dataclass(eq=False)

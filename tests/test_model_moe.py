@@ -8,7 +8,6 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels.testing import assert_close
 from model import PRESETS, HybridLM, load_pretrained, save_pretrained

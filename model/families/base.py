@@ -81,3 +81,13 @@ def parse_int(hf: dict[str, Any], name: str, default) -> int:
     require(isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer(), name,
             f"must be an integer, got {value!r}")
     return int(value)
+
+
+def mamba_hf_fields(c: HybridConfig) -> dict[str, Any]:
+    """The Mamba-2 mixer's fields under the names Bamba's and GraniteMoeHybrid's configs share."""
+    return {
+        "mamba_n_heads": c.mamba_n_heads, "mamba_d_head": c.mamba_d_head, "mamba_n_groups": c.mamba_n_groups,
+        "mamba_d_state": c.mamba_d_state, "mamba_d_conv": c.mamba_d_conv, "mamba_expand": c.mamba_expand,
+        "mamba_chunk_size": c.mamba_chunk_size, "mamba_conv_bias": c.mamba_conv_bias,
+        "mamba_proj_bias": c.mamba_proj_bias, "time_step_limit": list(c.time_step_limit),
+    }

@@ -21,7 +21,7 @@ from torch import nn
 
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
-from model.families.base import (Family, parse_int, parse_time_step_limit, reject_unknown_fields,
+from model.families.base import (Family, mamba_hf_fields, parse_int, parse_time_step_limit, reject_unknown_fields,
                                  require_model_type)
 from model.mlp import FusedSwiGLU
 from model.moe import SparseMoE
@@ -174,16 +174,7 @@ def config_to_hf(c: HybridConfig) -> dict[str, Any]:
         "embedding_multiplier": c.embedding_multiplier,
         "residual_multiplier": c.residual_multiplier,
         "logits_scaling": c.logits_scaling,
-        "mamba_n_heads": c.mamba_n_heads,
-        "mamba_d_head": c.mamba_d_head,
-        "mamba_n_groups": c.mamba_n_groups,
-        "mamba_d_state": c.mamba_d_state,
-        "mamba_d_conv": c.mamba_d_conv,
-        "mamba_expand": c.mamba_expand,
-        "mamba_chunk_size": c.mamba_chunk_size,
-        "mamba_conv_bias": c.mamba_conv_bias,
-        "mamba_proj_bias": c.mamba_proj_bias,
-        "time_step_limit": list(c.time_step_limit),
+        **mamba_hf_fields(c),
         "rms_norm_eps": c.rms_norm_eps,
         "tie_word_embeddings": c.tie_word_embeddings,
         "hidden_act": "silu",
