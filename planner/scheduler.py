@@ -21,10 +21,9 @@ import collections
 import dataclasses
 
 from kernels.checks import require
-from planner.block_pool import BlockPool
+from planner.block_pool import BlockPool, extend_block_hashes
 from planner.prefill_plan import ChunkPlan, ChunkPolicy, check_interval, get_policy
 from planner.prefill_state import PrefillState
-from planner.block_pool import extend_block_hashes
 from planner.prefix_cache import PrefixCache
 from planner.request import Request, RequestStatus
 from planner.snapshot_store import Snapshot, SnapshotStore

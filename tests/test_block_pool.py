@@ -5,7 +5,8 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from planner.block_pool import BlockPool, hash_block, hash_full_blocks
-from planner.prefix_cache import KVLease, PrefixCache, extend_block_hashes
+from planner.block_pool import extend_block_hashes
+from planner.prefix_cache import KVLease, PrefixCache
 
 
 def test_allocate_exact_ids_and_shortage():
