@@ -42,7 +42,7 @@ from model import PRESETS, SequenceChunk, from_preset, load_pretrained, save_pre
 
 GOAL_RATIO = 1.5  # issues #5 and #10: torch-backend prefill >= 1.5x transformers at 8192 tokens
 # The reduced CPU preset of each family, run when no --preset/--model is given.
-DEFAULT_MODELS = ("small", "granite-small-cpu", "granite-dense-cpu")
+DEFAULT_MODELS = ("small", "granite-small-cpu", "granite-dense-cpu", "nemotron-h-small-cpu")
 OURS = "ours_torch_forward_batch"
 
 
