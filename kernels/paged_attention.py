@@ -56,7 +56,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.contracts.paged_attention import PagedAttentionMeta, check_paged_attention_args
+from kernels.checks import debug_checks, require
+from kernels.contracts.paged_attention import (
+    PagedAttentionMeta, check_paged_attention_args, check_paged_attention_shapes, host_paged_attention_meta,
+)
 from kernels.variants import KernelVariant
 
 # A finite "minus infinity" for the running max: a row that sees no key in a split keeps it,
@@ -207,7 +210,8 @@ def paged_attention_kernel(
         tl.store(ws_l + o_ws, l_i, mask=m_row)
         tl.store(ws_acc + o_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_qd)
     else:
-        b_o = acc / l_i[:, None]  # l_i >= 1 on every real row: key 0 is visible to all
+        # l_i >= 1 on every real row (key 0 is visible to all); a pad row (seq_len 0) saw no key: 0
+        b_o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         p_o = out + o_tok[:, None] * stride_o_t + o_head[:, None] * stride_o_h + o_d[None, :]
         tl.store(p_o, b_o.to(out.dtype.element_ty), mask=m_qd)
 
@@ -235,7 +239,8 @@ def paged_attention_merge_kernel(
     b_l = tl.load(ws_l + o_ws, mask=m_j, other=0.0)
     b_w = tl.exp2(b_m - tl.max(b_m, 0))  # empty splits hold m = -1e30: weight 0
     b_acc = tl.load(ws_acc + o_ws[:, None] * HEAD_DIM + o_d[None, :], mask=m_j[:, None] & m_d[None, :], other=0.0)
-    b_o = tl.sum(b_acc * b_w[:, None], 0) / tl.sum(b_l * b_w, 0)
+    b_den = tl.sum(b_l * b_w, 0)
+    b_o = tl.sum(b_acc * b_w[:, None], 0) / tl.where(b_den > 0.0, b_den, 1.0)  # a pad row saw no key: 0
     tl.store(out + i_t * stride_o_t + i_h * stride_o_h + o_d, b_o.to(out.dtype.element_ty), mask=m_d)
 
 
@@ -380,6 +385,53 @@ def plan(
     return PagedAttentionPlan(meta, scale, config)
 
 
+_plan_from_tensors = plan  # `paged_attention`'s keyword `plan` shadows the function there
+
+
+def plan_from_host(
+    q_lens, seq_lens, *, num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
+    dtype: torch.dtype, device: torch.device | str, scale: float | None = None, num_splits: int | None = None,
+) -> PagedAttentionPlan:
+    """The plan of a call from the step's host integers (query and total lengths per sequence):
+    no device read. Every attention layer of a model step shares it (`paged_attention(plan=)`)."""
+    meta = host_paged_attention_meta(q_lens, seq_lens, block_size, max_blocks)
+    if num_kv_heads < 1 or num_q_heads % num_kv_heads or not 1 <= num_q_heads // num_kv_heads <= _MAX_GROUP:
+        raise ValueError(f"num_q_heads // num_kv_heads must be an integer in 1..{_MAX_GROUP}, "
+                         f"got {num_q_heads} / {num_kv_heads}")
+    if num_splits is not None and not 1 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"num_splits must be in 1..{_MAX_SPLITS} or None, got {num_splits}")
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    group = num_q_heads // num_kv_heads
+    config = None
+    if sum(meta.q_lens):
+        config = choose_config(
+            dtype, head_dim, group, decode=is_decode(meta.max_q_len, group), num_seqs=meta.num_seqs,
+            num_kv_heads=num_kv_heads, max_seq_len=meta.max_seq_len, sm_count=_sm_count(torch.device(device)),
+            num_splits=num_splits,
+        )
+    return PagedAttentionPlan(meta, scale, config)
+
+
+def _check_against_plan(checked: PagedAttentionPlan, query, key_cache, value_cache, block_tables, seq_lens,
+                        cu_seqlens_q, scale, out) -> None:
+    """The checks a host-planned call makes without reading device data; the debug switch adds the
+    full device-reading check and compares its facts with the plan's."""
+    check_paged_attention_shapes(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
+    _check_layout(query, key_cache, block_tables, out, checked.config.num_splits if checked.config else None)
+    meta = checked.meta
+    require(seq_lens.shape[0] == meta.num_seqs and query.shape[0] == meta.cu_seqlens_q[-1], "plan",
+            f"made for {meta.num_seqs} sequences and {meta.cu_seqlens_q[-1]} query tokens, called with "
+            f"{seq_lens.shape[0]} and {query.shape[0]}")
+    want_scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
+    require(want_scale == checked.scale, "plan", f"made for scale {checked.scale}, called with {want_scale}")
+    if debug_checks():
+        device_meta = check_paged_attention_args(query, key_cache, value_cache, block_tables, seq_lens,
+                                                 cu_seqlens_q, out)
+        require(device_meta == meta, "plan", f"does not match the tensors: {meta} vs {device_meta}")
+
+
 def launch(
     plan: PagedAttentionPlan, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q,
     out: torch.Tensor,
@@ -435,6 +487,7 @@ def paged_attention(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    plan: PagedAttentionPlan | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed varlen queries over their paged K/V (decode and prefill chunks).
 
@@ -445,9 +498,15 @@ def paged_attention(
     ``<=`` it. ``scale`` defaults to ``D ** -0.5``. ``num_splits`` forces the split-K count
     (default: a heuristic that splits long decodes only). Returns ``(T, Hq, D)`` in the query dtype,
     written into ``out`` when given. Raises `ValueError` before launching on a bad argument.
+    ``plan``: from `plan_from_host` for these lengths (then no tensor data is read on the host, and
+    ``num_splits`` is the plan's).
     """
-    checked = plan(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, out=out,
-                   num_splits=num_splits)
+    if plan is None:
+        checked = _plan_from_tensors(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q,
+                                     scale=scale, out=out, num_splits=num_splits)
+    else:
+        checked = plan
+        _check_against_plan(checked, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, out)
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     return launch(checked, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)

@@ -6,6 +6,9 @@ The state lives in a pool `(num_slots, H, P, N)` fp32; sequence s owns `state_po
 One program per (sequence, head, BLOCK_P rows of P): it reads its (BLOCK_P, N) slice of the state
 once and writes it once; bandwidth-bound (2 x H x P x N x 4 bytes a sequence: 8 MB at H=128,
 P=64, N=128), so the tile only needs enough rows to keep loads wide.
+
+A slot of -1 is a pad row (a CUDA-graph batch bucket filled up): its program reads and writes no
+state and returns y = D x, as from a zero state.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import require
+from kernels.checks import debug_checks, require
 from kernels.contracts.ssd import NO_LIMIT, check_ssd_decode_args
 from kernels.variants import KernelVariant
 
@@ -55,10 +58,12 @@ def _ssd_decode_kernel(
     b_c = tl.load(C + i_s * stride_c_s + i_g * stride_c_g + o_n * stride_c_n, mask=m_n, other=0.0).to(tl.float32)
 
     slot = tl.load(slot_idx + i_s).to(tl.int64)
-    p_st = state_pool + (slot * H + i_h) * P * N + o_p[:, None] * N + o_n[None, :]
-    b_st = tl.load(p_st, mask=m_pn, other=0.0)
+    m_st = m_pn & ((o_n[None, :] * 0 + slot) >= 0)  # a pad row (-1) touches no state (broadcast: the interpreter needs it)
+    p_st = state_pool + (tl.maximum(slot, 0) * H + i_h) * P * N + o_p[:, None] * N + o_n[None, :]
+    b_st = tl.load(p_st, mask=m_st, other=0.0)
     b_st = b_decay * b_st + (b_dt * b_x)[:, None] * b_b[None, :]
-    tl.store(p_st, b_st, mask=m_pn)
+    b_st = tl.where(m_st, b_st, 0.0)
+    tl.store(p_st, b_st, mask=m_st)
 
     b_y = tl.sum(b_st * b_c[None, :], axis=1)
     if HAS_D:
@@ -79,12 +84,14 @@ def _config(P: int, N: int) -> tuple[int, int]:
 
 def ssd_decode_step(
     x, dt, A, B, C, *, state_pool, slot_idx, D=None, dt_bias=None, dt_softplus=True, dt_limit=NO_LIMIT,
-    check_slots: bool = True,
+    check_slots: bool = True, pad_slots: bool = False,
 ) -> torch.Tensor:
     """x (S, H, P), dt (S, H), A (H,), B/C (S, G, N); state_pool (num_slots, H, P, N) fp32 updated in
     place at slot_idx (S,). Returns y (S, H, P) in x's dtype. `check_slots=False` skips the host
-    read of slot_idx (range and uniqueness), e.g. inside a CUDA graph."""
-    limit = check_ssd_decode_args(x, dt, A, B, C, state_pool, slot_idx, D, dt_bias, dt_limit, check_slots)
+    read of slot_idx (range and uniqueness) unless the debug switch is on: for callers that checked
+    the slots on the host (the model step, a CUDA graph). `pad_slots`: -1 marks a pad row."""
+    limit = check_ssd_decode_args(x, dt, A, B, C, state_pool, slot_idx, D, dt_bias, dt_limit,
+                                  check_slots or debug_checks(), pad_slots)
     S, H, P = x.shape
     G, N = B.shape[1:]
     require(state_pool.is_contiguous(), "state_pool", "must be contiguous (updated in place)")

@@ -26,11 +26,15 @@ a second host-built chunk table and its copy) and a host round trip between them
 Layouts: x (T, H, P), dt (T, H), B/C (T, G, N) may have any strides (the model passes views of
 one projection). Internals: dt'/dA_cs (nc, H, L) fp32, CB (nc, G, L, L) fp32,
 states (nc, H, P, N) fp32 (chunk states, overwritten in place by the state entering each chunk).
-`cu_seqlens` is read on the host (one sync) to build the chunk table and size the grid.
+Called alone, `ssd_scan` reads `cu_seqlens` on the host (one sync) to build the chunk table and
+size the grid, and uploads the table (one blocking copy). A model step instead builds the table
+once on the host from its own integers (`plan_ssd_scan`), uploads it with the step's other
+metadata (`kernels.contracts.packed`) and passes the plan to every layer: no sync, no copy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -38,11 +42,12 @@ import triton
 import triton.language as tl
 
 from kernels.checks import require
+from kernels.contracts.packed import IntTables, Table
 from kernels.contracts.ssd import NO_LIMIT, SSDScanOutput, check_ssd_scan_args
-from kernels.contracts.varlen import build_chunk_table
+from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens
 from kernels.variants import KernelVariant
 
-__all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE"]
+__all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE", "SSDScanPlan", "plan_ssd_scan"]
 
 DEFAULT_CHUNK_SIZE = 256  # Bamba/Granite-4.0-H's mamba_chunk_size
 
@@ -330,6 +335,39 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class SSDScanPlan:
+    """The host side of one scan's launches, built from Python ints: the chunk table and sizes.
+    Its tables are views into a step's one uploaded buffer (`IntTables`)."""
+
+    seqlens: list[int]
+    offsets: list[list[int]]  # capture offsets per sequence (validated)
+    chunk_size: int
+    num_chunks: int
+    num_captures: int
+    chunk_start: Table
+    chunk_len: Table
+    chunk_capture: Table
+    seq_chunks: Table
+
+
+def _check_chunk_size(chunk_size) -> None:
+    require(isinstance(chunk_size, int) and chunk_size >= 16 and (chunk_size & (chunk_size - 1)) == 0,
+            "chunk_size", f"must be a power of 2 >= 16 (tl.dot tiles), got {chunk_size}")
+
+
+def plan_ssd_scan(seqlens, capture_offsets, chunk_size: int, tables: IntTables) -> SSDScanPlan:
+    """The chunk table of a scan over sequences of these host lengths, added to `tables` (uploaded
+    later, once, with the rest of the step). Pass the plan as `ssd_scan(..., plan=)`."""
+    seqlens = check_host_seqlens(seqlens)
+    offsets = check_capture_offsets(capture_offsets, seqlens)
+    _check_chunk_size(chunk_size)
+    table = build_chunk_table(seqlens, offsets, chunk_size)
+    return SSDScanPlan(
+        seqlens, offsets, chunk_size, len(table.start), sum(len(o) for o in offsets),
+        tables.add(table.start), tables.add(table.length), tables.add(table.capture), tables.add(table.seq_chunks))
+
+
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Every buffer of the launch (outputs and intermediates); tests swap in NaN-filled ones."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -337,7 +375,7 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 
 def ssd_scan(
     x, dt, A, B, C, *, cu_seqlens, D=None, dt_bias=None, dt_softplus=True, dt_limit=NO_LIMIT,
-    initial_states=None, capture_offsets=None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+    initial_states=None, capture_offsets=None, chunk_size: int = DEFAULT_CHUNK_SIZE, plan: SSDScanPlan | None = None,
 ) -> SSDScanOutput:
     """Varlen Mamba-2 SSD scan with in-launch state capture.
 
@@ -346,30 +384,35 @@ def ssd_scan(
     capture_offsets None or S lists of offsets (0 < o < len, strictly increasing).
     Returns SSDScanOutput(y (T, H, P) in x's dtype, final_states (S, H, P, N) fp32,
     captured_states (K, H, P, N) fp32: the state after tokens [0, o) of each listed offset).
-    `chunk_size`: the internal chunk, a power of 2 >= 16.
+    `chunk_size`: the internal chunk, a power of 2 >= 16. `plan`: from `plan_ssd_scan` for these
+    lengths, offsets and chunk size (then cu_seqlens is not read and nothing is uploaded).
     """
-    seqlens, offsets, limit = check_ssd_scan_args(
-        x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets)
-    require(chunk_size >= 16 and (chunk_size & (chunk_size - 1)) == 0, "chunk_size",
-            f"must be a power of 2 >= 16 (tl.dot tiles), got {chunk_size}")
+    if plan is None:
+        seqlens, offsets, limit = check_ssd_scan_args(
+            x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets)
+        _check_chunk_size(chunk_size)
+        tables = IntTables()
+        plan = plan_ssd_scan(seqlens, offsets, chunk_size, tables)
+        tables.upload(x.device)  # one host-to-device copy for the whole table
+    else:
+        seqlens, offsets, limit = check_ssd_scan_args(
+            x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets, plan.seqlens)
+        require(offsets == plan.offsets and chunk_size == plan.chunk_size, "plan",
+                f"made for capture offsets {plan.offsets} and chunk {plan.chunk_size}, "
+                f"called with {offsets} and {chunk_size}")
     T, H, P = x.shape
     G, N = B.shape[1:]
     S = len(seqlens)
     dev = x.device
     out = _empty((T, H, P), x.dtype, dev)
-    table = build_chunk_table(seqlens, offsets, chunk_size)
-    nc = len(table.start)
-    K = sum(len(o) for o in offsets)
+    nc, K = plan.num_chunks, plan.num_captures
     final = _empty((S, H, P, N), torch.float32, dev)
     captured = _empty((K, H, P, N), torch.float32, dev)
     if nc == 0:  # every sequence empty: final = initial
         final.copy_(initial_states if initial_states is not None else torch.zeros_like(final))
         return SSDScanOutput(out, final, captured)
-
-    # one host-to-device copy for the whole table
-    meta = torch.tensor(table.start + table.length + table.capture + table.seq_chunks, dtype=torch.int32).to(dev)
-    chunk_start, chunk_len, chunk_capture = meta[:nc], meta[nc:2 * nc], meta[2 * nc:3 * nc]
-    seq_chunks = meta[3 * nc:]
+    chunk_start, chunk_len, chunk_capture = plan.chunk_start.t, plan.chunk_len.t, plan.chunk_capture.t
+    seq_chunks = plan.seq_chunks.t
 
     L = chunk_size
     cfg = tile_config(L, H, P, N, x.dtype)

@@ -30,6 +30,9 @@ _OPS: dict[str, dict[str, tuple[str, str]]] = {
         "conv1d_decode_step": ("kernels.conv1d_decode", "causal_conv1d_decode_step"),
         "write_kv_cache": ("kernels.kv_cache_write", "write_kv_cache"),
         "paged_attention": ("kernels.paged_attention", "paged_attention"),
+        "plan_ssd_scan": ("kernels.ssd_scan", "plan_ssd_scan"),
+        "plan_causal_conv1d": ("kernels.causal_conv1d", "plan_causal_conv1d"),
+        "plan_paged_attention": ("kernels.paged_attention", "plan_from_host"),
     },
 }
 
@@ -51,7 +54,11 @@ class Backend:
     causal_conv1d: Callable  # (x, weight, bias, *, cu_seqlens, initial_states, capture_offsets, activation) -> (y, final, captured)
     conv1d_decode_step: Callable  # (x, *, conv_state_pool, weight, bias, slot_idx, activation) -> y
     write_kv_cache: Callable  # (key, value, key_cache, value_cache, slot_mapping) -> None
-    paged_attention: Callable  # (query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, *, scale) -> out
+    paged_attention: Callable  # (query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, *, scale[, plan]) -> out
+    # Per-step plans over host integers (`model.batch.StepPlanners`); None: the op reads its tensors.
+    plan_ssd_scan: Callable | None = None  # (seqlens, offsets, chunk_size, tables) -> plan
+    plan_causal_conv1d: Callable | None = None  # (seqlens, offsets, tables) -> plan
+    plan_paged_attention: Callable | None = None  # (q_lens, seq_lens, *, heads, head_dim, block_size, ...) -> plan
 
 
 _loaded: dict[str, Backend] = {}

@@ -22,7 +22,7 @@ from torch import nn
 from kernels.checks import require
 from model.attention import Attention
 from model.backends import Backend, get_backend
-from model.batch import BatchOutput, SequenceChunk, pack_rows, validate_rows
+from model.batch import BatchOutput, SequenceChunk, StepPlanners, pack_rows, validate_rows
 from model.cache import ModelCache, SSMState
 from model.config import MIXER_LAYER_TYPES, HybridConfig
 from model.families import get_family
@@ -157,7 +157,7 @@ class HybridLM(nn.Module):
         if cache.config != self.config or cache.device != self.device or cache.dtype != self.dtype:
             raise ValueError("cache: allocated for another model, dtype or device (use model.allocate_cache)")
         validate_rows(rows, cache, self.config.vocab_size)
-        batch = pack_rows(rows, cache.block_size, self.device)
+        batch = pack_rows(rows, cache.block_size, self.device, self._step_planners(cache))
         for row in batch.rows:
             if row.start_pos == 0:
                 cache.reset_state(row.state_slot)
@@ -184,6 +184,26 @@ class HybridLM(nn.Module):
             out.captured[caller] = snapshots[internal]
         return out
 
+    def _step_planners(self, cache: ModelCache) -> StepPlanners:
+        """The backend's kernel plans for one step, over the step's host integers (once per step,
+        shared by every layer)."""
+        ops, cfg = self.ops, self.config
+        ssd = conv = attn = None
+        if ops.plan_ssd_scan is not None:
+            chunk = cfg.mamba_chunk_size if ops.scan_chunk_from_config else None
+
+            def ssd(seqlens, offsets, tables):
+                return ops.plan_ssd_scan(seqlens, offsets, chunk, tables)
+        if ops.plan_causal_conv1d is not None:
+            conv = ops.plan_causal_conv1d
+        if ops.plan_paged_attention is not None and cfg.attn_layer_indices:
+            def attn(q_lens, seq_lens, max_blocks):
+                return ops.plan_paged_attention(
+                    q_lens, seq_lens, num_q_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
+                    head_dim=cfg.head_dim, block_size=cache.block_size, max_blocks=max_blocks, dtype=self.dtype,
+                    device=self.device, scale=cfg.softmax_scale)
+        return StepPlanners(ssd, conv, attn)
+
     def _mamba_rows(self, i: int, mixer: Mamba2Mixer, x: torch.Tensor, batch, cache: ModelCache,
                     captured: dict[int, MixerStates]) -> torch.Tensor:
         """Prefill rows through the varlen conv/scan (states from and back to the pools), decode
@@ -195,14 +215,15 @@ class HybridLM(nn.Module):
             slots = batch.prefill_slots
             initial = None if batch.prefill_all_fresh else MixerStates(conv_pool[slots], ssm_pool[slots])
             y, final, caps = mixer(x[:Tp], self.ops, cu_seqlens=batch.prefill_cu_seqlens, initial=initial,
-                                   capture_offsets=batch.capture_offsets)
+                                   capture_offsets=batch.capture_offsets, conv_plan=batch.conv_plan,
+                                   ssd_plan=batch.ssd_plan)
             conv_pool[slots] = final.conv.to(conv_pool.dtype)
             ssm_pool[slots] = final.ssm
             captured[i] = caps
             parts.append(y)
         if Tp < x.shape[0]:
             parts.append(mixer.forward_decode(x[Tp:], self.ops, conv_pool=conv_pool, ssm_pool=ssm_pool,
-                                              slot_idx=batch.decode_slots))
+                                              slot_idx=batch.decode_slots, check_slots=False))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _snapshots(self, batch, captured: dict[int, MixerStates]) -> list[list[SSMState]]:
