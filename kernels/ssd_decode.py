@@ -8,7 +8,7 @@ once and writes it once; bandwidth-bound (2 x H x P x N x 4 bytes a sequence: 8 
 P=64, N=128), so the tile only needs enough rows to keep loads wide.
 
 A slot of -1 is a pad row (a CUDA-graph batch bucket filled up): its program reads and writes no
-state and returns y = D x, as from a zero state.
+state (it loads zeros, stores nothing): its y is a step from a zero state.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ def _ssd_decode_kernel(
     p_st = state_pool + (tl.maximum(slot, 0) * H + i_h) * P * N + o_p[:, None] * N + o_n[None, :]
     b_st = tl.load(p_st, mask=m_st, other=0.0)
     b_st = b_decay * b_st + (b_dt * b_x)[:, None] * b_b[None, :]
-    b_st = tl.where(m_st, b_st, 0.0)
     tl.store(p_st, b_st, mask=m_st)
 
     b_y = tl.sum(b_st * b_c[None, :], axis=1)
