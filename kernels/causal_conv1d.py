@@ -31,7 +31,7 @@ from kernels.checks import require
 from kernels.contracts.conv1d import Conv1dOutput, check_conv1d_args
 from kernels.contracts.packed import IntTables, Table
 from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens
-from kernels.variants import KernelVariant
+from kernels.variants import KernelVariant, aligned_args
 
 __all__ = ["causal_conv1d", "Conv1dOutput", "Conv1dPlan", "plan_causal_conv1d"]
 
@@ -222,5 +222,6 @@ def compile_variants() -> list[KernelVariant]:
         types.update({a: f"*{td}" for a in ("x", "weight", "bias", "initial_states", "y", "final_states",
                                              "captured_states")})
         sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
-        variants.append(KernelVariant(f"ssm/causal_conv1d/{td}/w4", fn, sig, consts, num_warps=4))
+        variants.append(KernelVariant(f"ssm/causal_conv1d/{td}/w4", fn, sig, consts, num_warps=4,
+                                      divisible_by_16=aligned_args(fn, sig, consts)))
     return variants

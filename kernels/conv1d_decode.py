@@ -15,7 +15,7 @@ import triton.language as tl
 
 from kernels.checks import debug_checks, require
 from kernels.contracts.conv1d import check_conv1d_decode_args
-from kernels.variants import KernelVariant
+from kernels.variants import KernelVariant, aligned_args
 
 __all__ = ["causal_conv1d_decode_step"]
 
@@ -98,7 +98,8 @@ def compile_variants() -> list[KernelVariant]:
     for dtype, td in _TRITON_DTYPE.items():
         consts = dict(stride_x_d=1, W=WIDTH, BLOCK_D=BLOCK_D, HAS_BIAS=True, SILU=True)
         types = {a: f"*{td}" for a in ("x", "weight", "bias", "conv_state_pool", "y")}
-        types["slot_idx"] = "*i64"
+        types["slot_idx"] = "*i32"
         sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
-        variants.append(KernelVariant(f"ssm/conv1d_decode/{td}/w4", fn, sig, consts, num_warps=4))
+        variants.append(KernelVariant(f"ssm/conv1d_decode/{td}/w4", fn, sig, consts, num_warps=4,
+                                      divisible_by_16=aligned_args(fn, sig, consts)))
     return variants

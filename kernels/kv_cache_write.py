@@ -120,7 +120,7 @@ def compile_variants():
             name=f"kv_cache_write/{dtype}/d{head_dim}/h{num_kv_heads}",
             fn=kv_cache_write_kernel,
             signature={
-                "key": tt, "value": tt, "key_cache": tt, "value_cache": tt, "slot_mapping": "*i64",
+                "key": tt, "value": tt, "key_cache": tt, "value_cache": tt, "slot_mapping": "*i32",
                 "num_kv_heads": "i32", "head_dim": "i32",
                 "stride_k_t": "i32", "stride_k_h": "i32", "stride_v_t": "i32", "stride_v_h": "i32",
                 "stride_c_slot": "i32", "stride_c_h": "i32",

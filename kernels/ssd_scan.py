@@ -45,7 +45,7 @@ from kernels.checks import require
 from kernels.contracts.packed import IntTables, Table
 from kernels.contracts.ssd import NO_LIMIT, SSDScanOutput, check_ssd_scan_args
 from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens
-from kernels.variants import KernelVariant
+from kernels.variants import KernelVariant, aligned_args
 
 __all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE", "SSDScanPlan", "plan_ssd_scan"]
 
@@ -322,6 +322,9 @@ def tile_config(chunk: int, H: int, P: int, N: int, dtype: torch.dtype) -> dict[
         scan_block_n=max(16, min(32, _pow2(N))),
         scan_block_k=min(32, chunk),
         warps=8 if block_m >= 64 else 4,
+        stages=3,  # Triton's default, passed explicitly so the compile check builds what runs
+        # fp32 chunk_scan at 3 stages sat at 128 registers and spilled 4 B on sm_80; at 2: 178, none
+        scan_stages=2 if dtype == torch.float32 else 3,
     )
 
 
@@ -429,7 +432,7 @@ def ssd_scan(
         H, limit[0], limit[1],
         dt.stride(0), dt.stride(1),
         CHUNK=L, BLOCK_H=cfg["cumsum_block_h"],
-        HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus), HAS_LIMIT=has_limit,
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus), HAS_LIMIT=has_limit, num_stages=cfg["stages"],
     )
     bm = cfg["bmm_block_m"]
     _ssd_bmm_kernel[(nc, G, (L // bm) ** 2)](
@@ -437,6 +440,7 @@ def ssd_scan(
         G, N,
         *B.stride(), *C.stride(),
         CHUNK=L, BLOCK_M=bm, BLOCK_K=cfg["bmm_block_k"], DOT_PRECISION=prec, num_warps=cfg["warps"],
+        num_stages=cfg["stages"],
     )
     bp, bn = cfg["state_block_p"], cfg["state_block_n"]
     _ssd_chunk_state_kernel[(nc, H, triton.cdiv(P, bp) * triton.cdiv(N, bn))](
@@ -444,13 +448,13 @@ def ssd_scan(
         H, P, N, H // G,
         *x.stride(), *B.stride(),
         CHUNK=L, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec,
-        num_warps=cfg["warps"],
+        num_warps=cfg["warps"], num_stages=cfg["stages"],
     )
     blk = cfg["pass_block"]
     _ssd_state_passing_kernel[(triton.cdiv(P * N, blk), H, S)](
         states, dA_cs, seq_chunks, chunk_capture, init, final, captured,
         H, P * N,
-        CHUNK=L, BLOCK=blk, HAS_INIT=init is not None,
+        CHUNK=L, BLOCK=blk, HAS_INIT=init is not None, num_stages=cfg["stages"],
     )
     sm, sp = cfg["scan_block_m"], cfg["scan_block_p"]
     _ssd_chunk_scan_kernel[(nc, H, (L // sm) * triton.cdiv(P, sp))](
@@ -458,7 +462,7 @@ def ssd_scan(
         H, P, N, G, H // G,
         *x.stride(), *C.stride(),
         CHUNK=L, BLOCK_M=sm, BLOCK_P=sp, BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"],
-        HAS_D=D is not None, DOT_PRECISION=prec, num_warps=cfg["warps"],
+        HAS_D=D is not None, DOT_PRECISION=prec, num_warps=cfg["warps"], num_stages=cfg["scan_stages"],
     )
     return SSDScanOutput(out, final, captured)
 
@@ -477,7 +481,8 @@ def _signature(fn, types: dict[str, str], constexprs: dict) -> dict[str, str]:
 
 def compile_variants() -> list[KernelVariant]:
     """The model's shapes: P=64, N in {64, 128}, chunk 256, fp32/bf16/fp16 inputs; last-dim
-    strides are 1 as the JIT specializes them."""
+    strides are 1 as the JIT specializes them, pointers and sizes 16-divisible as it sees them at
+    Bamba-9B's shapes, Triton's default 3 stages as the launches use."""
     variants = []
     seen = set()
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -491,32 +496,37 @@ def compile_variants() -> list[KernelVariant]:
                  {"dt": f"*{td}", "dt_bias": "*fp32", "A": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32",
                   "dt_out": "*fp32", "dA_cs": "*fp32", "dt_min": "fp32", "dt_max": "fp32"},
                  dict(stride_dt_h=1, CHUNK=L, BLOCK_H=cfg["cumsum_block_h"], HAS_BIAS=True, SOFTPLUS=True,
-                      HAS_LIMIT=True), 4),
+                      HAS_LIMIT=True), 4, cfg["stages"]),
                 ("bmm", _ssd_bmm_kernel,
                  {"B": f"*{td}", "C": f"*{td}", "chunk_start": "*i32", "chunk_len": "*i32", "CB": "*fp32"},
                  dict(stride_b_n=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["bmm_block_m"], BLOCK_K=cfg["bmm_block_k"],
-                      DOT_PRECISION=prec), cfg["warps"]),
+                      DOT_PRECISION=prec), cfg["warps"], cfg["stages"]),
                 ("chunk_state", _ssd_chunk_state_kernel,
                  {"x": f"*{td}", "B": f"*{td}", "dt_out": "*fp32", "dA_cs": "*fp32", "chunk_start": "*i32",
                   "chunk_len": "*i32", "states": "*fp32"},
                  dict(stride_x_p=1, stride_b_n=1, CHUNK=L, BLOCK_P=cfg["state_block_p"],
-                      BLOCK_N=cfg["state_block_n"], BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec), cfg["warps"]),
+                      BLOCK_N=cfg["state_block_n"], BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec), cfg["warps"],
+                 cfg["stages"]),
                 ("state_passing", _ssd_state_passing_kernel,
                  {"states": "*fp32", "dA_cs": "*fp32", "seq_chunks": "*i32", "chunk_capture": "*i32",
                   "initial_states": "*fp32", "final_states": "*fp32", "captured_states": "*fp32"},
-                 dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True), 4),
+                 dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True), 4, cfg["stages"]),
                 ("chunk_scan", _ssd_chunk_scan_kernel,
                  {"x": f"*{td}", "C": f"*{td}", "D": "*fp32", "CB": "*fp32", "states": "*fp32", "dt_out": "*fp32",
                   "dA_cs": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32", "y": f"*{td}"},
                  dict(stride_x_p=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["scan_block_m"], BLOCK_P=cfg["scan_block_p"],
                       BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"], HAS_D=True, DOT_PRECISION=prec),
-                 cfg["warps"]),
+                 cfg["warps"], cfg["scan_stages"]),
             ]
-            for stage, fn, types, consts, warps in specs:
+            for stage, fn, types, consts, warps, stages in specs:
                 key = (stage, "" if stage == "state_passing" else td, tuple(sorted(consts.items())))
                 if key in seen:
                     continue
                 seen.add(key)
                 name = f"ssm/ssd_scan/{stage}/{td}/L{L}"  # N is a runtime loop: one build serves 64 and 128
-                variants.append(KernelVariant(name, fn, _signature(fn, types, consts), consts, num_warps=warps))
+                sig = _signature(fn, types, consts)
+                # stride_dt_t / stride_x_t etc.: projection views of Bamba-9B (16768, 8448 wide) are
+                # multiples of 16; so are H=128, P=64, N=128 and P*N
+                variants.append(KernelVariant(name, fn, sig, consts, num_warps=warps, num_stages=stages,
+                                              divisible_by_16=aligned_args(fn, sig, consts)))
     return variants

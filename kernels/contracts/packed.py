@@ -5,7 +5,8 @@ token ids). Built on the host from the scheduler's Python integers and uploaded 
 each would be a blocking host-to-device copy; every layer rebuilding them would add a host read
 of the device tensors on top. `IntTables` collects them while the step's metadata is built,
 `upload` copies them in one transfer (pinned, non-blocking on CUDA), and each `Table` is then a
-view into the device buffer shared by every layer of the step.
+view into the device buffer shared by every layer of the step. A value outside int32 fails the
+upload (torch.tensor raises on the overflow).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from kernels.checks import require
 
-INT32_MAX = 2**31 - 1
+ALIGN = 4  # int32 elements: every table starts 16-byte aligned, as the kernels' compile check assumes
 
 
 class Table:
@@ -53,6 +54,7 @@ class IntTables:
     def add(self, values: Sequence[int], shape: tuple[int, ...] | None = None) -> Table:
         """A table of Python ints (reshaped to `shape` when given)."""
         values = list(values)
+        self._ints.extend([0] * (-len(self._ints) % ALIGN))
         table = Table(len(self._ints), shape if shape is not None else (len(values),))
         require(table.numel == len(values), "shape", f"{shape} does not hold {len(values)} values")
         self._ints.extend(values)
@@ -63,15 +65,16 @@ class IntTables:
         """A table from an int tensor already on the host (e.g. token ids), copied as int32."""
         require(t.device.type == "cpu", "t", f"must be a host tensor, got {t.device}")
         table = Table(-1 - len(self._parts), tuple(t.shape))  # placed after the ints at upload
-        self._parts.append((len(self._tables), t.reshape(-1).to(torch.int32)))
+        flat = t.reshape(-1).to(torch.int32)
+        pad = -flat.numel() % ALIGN  # the next part starts aligned too
+        self._parts.append((len(self._tables), torch.cat([flat, flat.new_zeros(pad)]) if pad else flat))
         self._tables.append(table)
         return table
 
     def upload(self, device: torch.device | str) -> torch.Tensor:
         """One host buffer, one copy; fills every table's view. Returns the device buffer."""
         require(self.buffer is None, "IntTables", "uploaded twice")
-        require(all(-INT32_MAX - 1 <= v <= INT32_MAX for v in self._ints) if self._ints else True, "IntTables",
-                "a value does not fit int32")
+        self._ints.extend([0] * (-len(self._ints) % ALIGN))  # the host parts start aligned
         host = upload_host_buffer(self._ints, [p for _, p in self._parts])
         device = torch.device(device)
         buf = to_device(host, device)
