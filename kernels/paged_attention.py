@@ -351,6 +351,9 @@ class PagedAttentionPlan:
     meta: PagedAttentionMeta
     scale: float
     config: LaunchConfig | None
+    # A decode bucket (`plan_decode_bucket`): one query a row, `meta.seq_lens` an upper bound, and
+    # rows with seq_len 0 are pad rows (output 0); the device tensors change between replays.
+    pad_rows: bool = False
 
 
 def plan(
@@ -414,6 +417,21 @@ def plan_from_host(
     return PagedAttentionPlan(meta, scale, config)
 
 
+def plan_decode_bucket(
+    batch: int, *, num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
+    dtype: torch.dtype, device: torch.device | str, scale: float | None = None, num_splits: int | None = None,
+) -> PagedAttentionPlan:
+    """A fixed plan for `batch` decode rows (one query each) of up to `max_blocks * block_size`
+    tokens, for a CUDA graph replayed with other lengths: the grid and the split count depend only
+    on the bucket (the split heuristic sees the longest context the block tables can hold). Rows
+    with seq_len 0 are pad rows and write 0."""
+    max_len = max_blocks * block_size
+    base = plan_from_host([1] * batch, [max_len] * batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                          head_dim=head_dim, block_size=block_size, max_blocks=max_blocks, dtype=dtype,
+                          device=device, scale=scale, num_splits=num_splits)
+    return dataclasses.replace(base, pad_rows=True)
+
+
 def _check_against_plan(checked: PagedAttentionPlan, query, key_cache, value_cache, block_tables, seq_lens,
                         cu_seqlens_q, scale, out) -> None:
     """The checks a host-planned call makes without reading device data; the debug switch adds the
@@ -426,7 +444,12 @@ def _check_against_plan(checked: PagedAttentionPlan, query, key_cache, value_cac
             f"{seq_lens.shape[0]} and {query.shape[0]}")
     want_scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     require(want_scale == checked.scale, "plan", f"made for scale {checked.scale}, called with {want_scale}")
-    if debug_checks():
+    if debug_checks() and checked.pad_rows:
+        cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+        require(cu == list(range(meta.num_seqs + 1)), "cu_seqlens_q", f"a decode bucket has one query a row, got {cu}")
+        require(all(0 <= n <= meta.max_seq_len for n in lens), "seq_lens",
+                f"must lie in 0 .. {meta.max_seq_len} (0: a pad row), got {lens}")
+    elif debug_checks():
         device_meta = check_paged_attention_args(query, key_cache, value_cache, block_tables, seq_lens,
                                                  cu_seqlens_q, out)
         require(device_meta == meta, "plan", f"does not match the tensors: {meta} vs {device_meta}")

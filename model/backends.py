@@ -33,6 +33,7 @@ _OPS: dict[str, dict[str, tuple[str, str]]] = {
         "plan_ssd_scan": ("kernels.ssd_scan", "plan_ssd_scan"),
         "plan_causal_conv1d": ("kernels.causal_conv1d", "plan_causal_conv1d"),
         "plan_paged_attention": ("kernels.paged_attention", "plan_from_host"),
+        "plan_decode_bucket": ("kernels.paged_attention", "plan_decode_bucket"),
     },
 }
 
@@ -59,6 +60,7 @@ class Backend:
     plan_ssd_scan: Callable | None = None  # (seqlens, offsets, chunk_size, tables) -> plan
     plan_causal_conv1d: Callable | None = None  # (seqlens, offsets, tables) -> plan
     plan_paged_attention: Callable | None = None  # (q_lens, seq_lens, *, heads, head_dim, block_size, ...) -> plan
+    plan_decode_bucket: Callable | None = None  # (batch, *, heads, head_dim, block_size, max_blocks, ...) -> plan
 
 
 _loaded: dict[str, Backend] = {}

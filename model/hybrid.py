@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from kernels.checks import require
-from model.attention import Attention
+from model.attention import Attention, PagedAttentionInputs
 from model.backends import Backend, get_backend
 from model.batch import BatchOutput, SequenceChunk, StepPlanners, pack_rows, validate_rows
 from model.cache import ModelCache, SSMState
@@ -183,6 +183,28 @@ class HybridLM(nn.Module):
             out.logits[caller] = per_row[internal]
             out.captured[caller] = snapshots[internal]
         return out
+
+    @torch.no_grad()
+    def forward_decode_rows(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                            attention: PagedAttentionInputs, cache: ModelCache) -> torch.Tensor:
+        """One token a row, every row a decode: (B,) ids, positions, state slots -> (B, vocab) logits.
+
+        The fixed-shape step a CUDA graph captures (`model.decode_graph`): nothing here reads a
+        tensor on the host or allocates by data. A row with slot -1 (and slot_mapping -1, seq_len 0)
+        is a pad row: it reads and writes no state. Needs the triton backend (pad slots)."""
+        h = self._embed(token_ids)
+        cos, sin = self._rope(positions, h.dtype)
+        for i, layer in enumerate(self.layers):
+            if layer.kind == "attention":
+                h = layer(h, lambda x: layer.self_attn.forward_paged(
+                    x, cos, sin, cache.key_cache[i], cache.value_cache[i], attention, self.ops))
+            elif layer.kind == "mamba":
+                h = layer(h, lambda x: layer.mamba.forward_decode(
+                    x, self.ops, conv_pool=cache.conv_pool[i], ssm_pool=cache.ssm_pool[i], slot_idx=slots,
+                    check_slots=False, pad_slots=True))
+            else:
+                h = layer(h, None)
+        return self._head(h)
 
     def _step_planners(self, cache: ModelCache) -> StepPlanners:
         """The backend's kernel plans for one step, over the step's host integers (once per step,
