@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from model import SequenceChunk, from_preset
+from conftest import DEVICE
 from model.decode_graph import DecodeGraphs
 from model_helpers import max_abs, one_thread, tokens  # noqa: F401  (one_thread: autouse)
 
@@ -36,7 +37,7 @@ def _decode_rows(ids, tables, slots, lens, step):
 
 @pytest.fixture(scope="module")
 def model():
-    return from_preset("tiny", backend="triton", seed=0)
+    return from_preset("tiny", backend="triton", seed=0, device=DEVICE)
 
 
 def test_bucket_step_equals_forward_batch(model):

@@ -16,6 +16,7 @@ import torch
 
 from kernels.checks import set_debug_checks
 from model import SequenceChunk, from_preset
+from conftest import DEVICE
 from model_helpers import one_thread, tokens  # noqa: F401  (one_thread: autouse)
 from step_counter import STEP, StepCounter
 
@@ -27,7 +28,7 @@ ATTENTION = {"kv_cache_write_kernel": 1, "paged_attention_kernel": 1}  # no spli
 
 @pytest.fixture(scope="module")
 def model():
-    return from_preset("tiny", backend="triton", seed=0)
+    return from_preset("tiny", backend="triton", seed=0, device=DEVICE)
 
 
 @pytest.fixture
