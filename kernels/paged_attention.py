@@ -36,9 +36,19 @@ here only in constexprs picked by `choose_config`:
   bandwidth-bound. Split-K lifts the
   program count: batch 1 x 8 KV heads is 8 programs on 132 SMs (6%); 32 splits make 256.
 * prefill (a chunk in the batch): BLOCK_M = 128 rows (32 tokens x 4 heads) x BLOCK_N = 64 keys,
-  8 warps: 128 FLOP per KV byte. Decode sequences in a mixed batch ride the same launch: each costs
-  one program over its context, the size of one chunk q tile over the chunk's prefix, so they do
-  not straggle.
+  8 warps: 128 FLOP per KV byte. Decode sequences in a mixed batch ride the same launch, without
+  split-K.
+
+Decode rows in a mixed batch (issue 11, argued, not measured: no GPU yet). A decode row there is one
+program per KV head over its whole context. Split-K for those rows alone would need a per-row
+split count, a workspace and a merge over a subset of the rows: a second launch shape inside the
+mixed config. It pays only when the row's context is long against the chunk's work per SM: an
+8192-token chunk over a 0..8K prefix is 256 q tiles x 8 KV heads = 2048 programs averaging ~4K
+keys, ~62K keys an SM on 132 SMs, so a 32K-context decode row (32K keys on one SM) fits inside
+the chunk's time if it starts early. Programs therefore run in reverse tile order, and decode rows,
+packed last by the model, start in the first wave. A row longer than the chunk's keys per SM (a
+128K context beside a short chunk) still trails it; that case, and the claim itself, is for the
+GPU benchmark (mixed batches in `experiments/bench/paged_attention.py` once a GPU is lent).
 A second decode kernel would duplicate the softmax and the paging for no algorithmic difference;
 the per-config register and shared-memory numbers are in the compile-check table
 (`python -m kernels.compile_check --filter paged_attention`). GPU timings are pending: the
@@ -141,7 +151,10 @@ def paged_attention_kernel(
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
-    i_tile = tl.program_id(0)
+    # Programs run in reverse tile order: the last sequences first. The model packs decode rows
+    # after the prefill chunks, so in a mixed batch they start in the first wave and overlap the
+    # chunk's tiles instead of trailing them (see "Decode rows in a mixed batch" above).
+    i_tile = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1).to(tl.int64)
     i_split = tl.program_id(2)
 
@@ -161,7 +174,7 @@ def paged_attention_kernel(
     i_local = i_tile - (q_begin // BLOCK_Q + i_seq)
     if i_local >= n_qtiles:
         return
-    i_qt = n_qtiles - 1 - i_local  # the last q tile sees the most keys: launch it first
+    i_qt = i_local  # reversed order: the last q tile (it sees the most keys) launches first
     context_len = tl.load(seq_lens + i_seq) - q_len
 
     # Rows: query token i_qt * BLOCK_Q + m // GROUP, query head i_kvh * GROUP + m % GROUP.
