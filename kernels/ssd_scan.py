@@ -41,10 +41,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import require
+from kernels.checks import debug_checks, require
 from kernels.contracts.packed import IntTables, Table
 from kernels.contracts.ssd import NO_LIMIT, SSDScanOutput, check_ssd_scan_args
-from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens
+from kernels.contracts.tensors import INDEX_DTYPES, check_tensor
+from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens, check_slot_idx
 from kernels.variants import KernelVariant, aligned_args
 
 __all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE", "SSDScanPlan", "plan_ssd_scan"]
@@ -192,22 +193,27 @@ def _ssd_chunk_state_kernel(
 @triton.jit
 def _ssd_state_passing_kernel(
     # pointers
-    states, dA_cs, seq_chunks, chunk_capture, initial_states, final_states, captured_states,
+    states, dA_cs, seq_chunks, chunk_capture, initial_states, final_states, captured_states, state_slots,
     # sizes
     H, PN,
     # meta
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_INIT: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_INIT: tl.constexpr, POOL: tl.constexpr,
 ):
     """Walks one sequence's chunks for one head and a BLOCK of its P*N state elements.
 
     Reads each chunk's own state, overwrites it with the state *entering* the chunk (what stage 5
     needs), and carries state = exp(dA_total) * state + chunk_state. A chunk cut at a capture
-    offset has `chunk_capture >= 0`: the state after it is stored there as well (the capture)."""
+    offset has `chunk_capture >= 0`: the state after it is stored there as well (the capture).
+    POOL: initial_states and final_states are one state pool, row `state_slots[s]` for sequence s
+    (read first, written last by this same program: no other program touches those elements)."""
     i_b, i_h, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     o = i_b * BLOCK + tl.arange(0, BLOCK)
     m = o < PN
+    i_row = i_s
+    if POOL:
+        i_row = tl.load(state_slots + i_s).to(tl.int64)
     if HAS_INIT:
-        b_s = tl.load(initial_states + (i_s * H + i_h) * PN + o, mask=m, other=0.0)
+        b_s = tl.load(initial_states + (i_row * H + i_h) * PN + o, mask=m, other=0.0)
     else:
         b_s = tl.zeros([BLOCK], dtype=tl.float32)
     c_lo = tl.load(seq_chunks + i_s)
@@ -222,7 +228,7 @@ def _ssd_state_passing_kernel(
         i_k = tl.load(chunk_capture + c64).to(tl.int64)
         if i_k >= 0:
             tl.store(captured_states + (i_k * H + i_h) * PN + o, b_s, mask=m)
-    tl.store(final_states + (i_s * H + i_h) * PN + o, b_s, mask=m)
+    tl.store(final_states + (i_row * H + i_h) * PN + o, b_s, mask=m)
 
 
 @triton.jit
@@ -379,6 +385,7 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 def ssd_scan(
     x, dt, A, B, C, *, cu_seqlens, D=None, dt_bias=None, dt_softplus=True, dt_limit=NO_LIMIT,
     initial_states=None, capture_offsets=None, chunk_size: int = DEFAULT_CHUNK_SIZE, plan: SSDScanPlan | None = None,
+    state_pool=None, state_slots=None,
 ) -> SSDScanOutput:
     """Varlen Mamba-2 SSD scan with in-launch state capture.
 
@@ -389,6 +396,11 @@ def ssd_scan(
     captured_states (K, H, P, N) fp32: the state after tokens [0, o) of each listed offset).
     `chunk_size`: the internal chunk, a power of 2 >= 16. `plan`: from `plan_ssd_scan` for these
     lengths, offsets and chunk size (then cu_seqlens is not read and nothing is uploaded).
+    `state_pool` (num_slots, H, P, N) fp32 contiguous with `state_slots` (S,) int32/int64: every
+    sequence starts from `state_pool[state_slots[s]]` and its final state is written back there,
+    in the launch (no gather or scatter around it; `initial_states` must then be None and the
+    returned final_states is the pool itself). Slots are not read on the host: the caller checked
+    them (distinct, in range), unless the debug switch is on.
     """
     if plan is None:
         seqlens, offsets, limit = check_ssd_scan_args(
@@ -403,16 +415,26 @@ def ssd_scan(
         require(offsets == plan.offsets and chunk_size == plan.chunk_size, "plan",
                 f"made for capture offsets {plan.offsets} and chunk {plan.chunk_size}, "
                 f"called with {offsets} and {chunk_size}")
+    if state_pool is not None:
+        require(initial_states is None, "initial_states", "must be None when the states come from state_pool")
+        require(state_slots is not None, "state_slots", "needed with state_pool")
+        check_tensor("state_pool", state_pool, (None, x.shape[1], x.shape[2], B.shape[2]), (torch.float32,), x.device)
+        require(state_pool.is_contiguous(), "state_pool", "must be contiguous (updated in place)")
+        S_pool = len(seqlens)
+        check_tensor("state_slots", state_slots, (S_pool,), INDEX_DTYPES, x.device)
+        if debug_checks():
+            check_slot_idx(state_slots, state_pool.shape[0], S_pool)
     T, H, P = x.shape
     G, N = B.shape[1:]
     S = len(seqlens)
     dev = x.device
     out = _empty((T, H, P), x.dtype, dev)
     nc, K = plan.num_chunks, plan.num_captures
-    final = _empty((S, H, P, N), torch.float32, dev)
+    final = _empty((S, H, P, N), torch.float32, dev) if state_pool is None else state_pool
     captured = _empty((K, H, P, N), torch.float32, dev)
     if nc == 0:  # every sequence empty: final = initial
-        final.copy_(initial_states if initial_states is not None else torch.zeros_like(final))
+        if state_pool is None:
+            final.copy_(initial_states if initial_states is not None else torch.zeros_like(final))
         return SSDScanOutput(out, final, captured)
     chunk_start, chunk_len, chunk_capture = plan.chunk_start.t, plan.chunk_len.t, plan.chunk_capture.t
     seq_chunks = plan.seq_chunks.t
@@ -452,9 +474,10 @@ def ssd_scan(
     )
     blk = cfg["pass_block"]
     _ssd_state_passing_kernel[(triton.cdiv(P * N, blk), H, S)](
-        states, dA_cs, seq_chunks, chunk_capture, init, final, captured,
-        H, P * N,
-        CHUNK=L, BLOCK=blk, HAS_INIT=init is not None, num_stages=cfg["stages"],
+        states, dA_cs, seq_chunks, chunk_capture, state_pool if state_pool is not None else init, final, captured,
+        state_slots, H, P * N,
+        CHUNK=L, BLOCK=blk, HAS_INIT=init is not None or state_pool is not None, POOL=state_pool is not None,
+        num_stages=cfg["stages"],
     )
     sm, sp = cfg["scan_block_m"], cfg["scan_block_p"]
     _ssd_chunk_scan_kernel[(nc, H, (L // sm) * triton.cdiv(P, sp))](
@@ -509,8 +532,9 @@ def compile_variants() -> list[KernelVariant]:
                  cfg["stages"]),
                 ("state_passing", _ssd_state_passing_kernel,
                  {"states": "*fp32", "dA_cs": "*fp32", "seq_chunks": "*i32", "chunk_capture": "*i32",
-                  "initial_states": "*fp32", "final_states": "*fp32", "captured_states": "*fp32"},
-                 dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True), 4, cfg["stages"]),
+                  "initial_states": "*fp32", "final_states": "*fp32", "captured_states": "*fp32",
+                  "state_slots": "*i32"},
+                 dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True, POOL=True), 4, cfg["stages"]),
                 ("chunk_scan", _ssd_chunk_scan_kernel,
                  {"x": f"*{td}", "C": f"*{td}", "D": "*fp32", "CB": "*fp32", "states": "*fp32", "dt_out": "*fp32",
                   "dA_cs": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32", "y": f"*{td}"},

@@ -235,12 +235,16 @@ class HybridLM(nn.Module):
         parts = []
         if batch.num_prefill_rows:
             slots = batch.prefill_slots
-            initial = None if batch.prefill_all_fresh else MixerStates(conv_pool[slots], ssm_pool[slots])
+            in_pool = self.ops.scan_state_pool  # the scan reads/writes ssm_pool[slots] itself
+            initial = None if batch.prefill_all_fresh else MixerStates(
+                conv_pool[slots], None if in_pool else ssm_pool[slots])
+            pool = dict(ssm_pool=ssm_pool, ssm_slots=slots) if in_pool else {}
             y, final, caps = mixer(x[:Tp], self.ops, cu_seqlens=batch.prefill_cu_seqlens, initial=initial,
                                    capture_offsets=batch.capture_offsets, conv_plan=batch.conv_plan,
-                                   ssd_plan=batch.ssd_plan)
+                                   ssd_plan=batch.ssd_plan, **pool)
             conv_pool[slots] = final.conv.to(conv_pool.dtype)
-            ssm_pool[slots] = final.ssm
+            if not in_pool:
+                ssm_pool[slots] = final.ssm
             captured[i] = caps
             parts.append(y)
         if Tp < x.shape[0]:

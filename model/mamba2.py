@@ -70,12 +70,16 @@ class Mamba2Mixer(nn.Module):
 
     # paths -----------------------------------------------------------------------------------------
     def forward(self, hidden: torch.Tensor, ops, *, cu_seqlens: torch.Tensor, initial: MixerStates | None = None,
-                capture_offsets: list[list[int]] | None = None, conv_plan=None, ssd_plan=None):
+                capture_offsets: list[list[int]] | None = None, conv_plan=None, ssd_plan=None, ssm_pool=None,
+                ssm_slots=None):
         """Packed sequences (T, hidden) -> (out (T, hidden), final MixerStates (S, ...), captured MixerStates (K, ...)).
 
         `initial` None means every sequence starts from zero state; captured states are packed by
         sequence, then offset, in the order the kernels return them. `conv_plan`/`ssd_plan`: the
         step's host-built kernel plans (`model.batch.pack_rows`), None to let the ops plan.
+        `ssm_pool`/`ssm_slots` (backends with `scan_state_pool`): the SSM states are read from and
+        written back to the pool by the scan itself; `initial.ssm` is then unused and the final
+        MixerStates' ssm is the pool.
         """
         gate, xbc, dt = self._split_projection(hidden)
         xbc, conv_final, conv_captured = ops.causal_conv1d(
@@ -86,6 +90,9 @@ class Mamba2Mixer(nn.Module):
         chunk = {"chunk_size": self.chunk_size} if ops.scan_chunk_from_config else {}
         if ssd_plan is not None:
             chunk["plan"] = ssd_plan
+        if ssm_pool is not None:
+            chunk.update(state_pool=ssm_pool, state_slots=ssm_slots)
+            initial = None if initial is None else MixerStates(initial.conv, None)
         y, ssm_final, ssm_captured = ops.ssd_scan(
             x, dt, self._A(), B, C, cu_seqlens=cu_seqlens, initial_states=None if initial is None else initial.ssm,
             capture_offsets=capture_offsets, **self._ssm_kwargs(), **chunk)
