@@ -293,7 +293,7 @@ def choose_config(
         # and 20 B (sm_80) in the split variant under Triton 3.6, the GPU machine's version, so 1.
         cfg = dict(block_m=16, block_n=32, num_warps=4, num_stages=1 if head_dim_pad <= 64 else 2)
     elif decode:
-        # 16 rows (the MMA minimum) x 64 keys, 4 warps: ~115 registers at d128; 3 stages of K+V
+        # 16 rows (the MMA minimum) x 64 keys, 4 warps: ~150 registers at d128 (sm_90, Triton 3.6 and 3.9); 3 stages of K+V
         # tiles (39 KiB) keep loads in flight. d64 at 3 stages spills 32 B on sm_80, so 2.
         cfg = dict(block_m=16, block_n=64 if head_dim_pad <= 128 else 32, num_warps=4,
                    num_stages=3 if head_dim_pad == 128 else 2)
