@@ -14,9 +14,14 @@ first; zeros when none is given). One launch has two kinds of programs:
   extra pass over the tokens; the final state is the same gather at o = len.
 
 States are kept in x's dtype (raw inputs: lossless). x (T, D) may be a strided view.
+
+The tile and state tables are built on the host: by the call itself from `cu_seqlens` (one sync,
+one upload), or once per model step by `plan_causal_conv1d` (passed as `plan=`: neither).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -24,10 +29,11 @@ import triton.language as tl
 
 from kernels.checks import require
 from kernels.contracts.conv1d import Conv1dOutput, check_conv1d_args
-from kernels.contracts.varlen import build_chunk_table
-from kernels.variants import KernelVariant
+from kernels.contracts.packed import IntTables, Table
+from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens
+from kernels.variants import KernelVariant, aligned_args
 
-__all__ = ["causal_conv1d", "Conv1dOutput"]
+__all__ = ["causal_conv1d", "Conv1dOutput", "Conv1dPlan", "plan_causal_conv1d"]
 
 WIDTH = 4
 
@@ -123,43 +129,76 @@ def _empty(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def causal_conv1d(
-    x, weight, bias=None, *, cu_seqlens, initial_states=None, capture_offsets=None, activation="silu",
-) -> Conv1dOutput:
-    """x (T, D), weight (D, 4), bias (D,) or None, cu_seqlens (S+1,), initial_states (S, D, 3) in
-    x's dtype or None (zeros), capture_offsets as in `ssd_scan`, activation "silu" or None.
-    Returns Conv1dOutput(y (T, D), final_states (S, D, 3), captured_states (K, D, 3)), x's dtype."""
-    seqlens, offsets = check_conv1d_args(x, weight, bias, cu_seqlens, initial_states, capture_offsets, activation)
-    T, D = x.shape
-    W = weight.shape[1]
-    require(W == WIDTH, "weight", f"the Triton kernel needs width W={WIDTH}, got {W} (the reference takes any W)")
-    dev = x.device
-    out = _empty((T, D), x.dtype, dev)
-    S = len(seqlens)
-    K = sum(len(o) for o in offsets)
-    final = _empty((S, D, W - 1), x.dtype, dev)
-    captured = _empty((K, D, W - 1), x.dtype, dev)
+@dataclasses.dataclass(frozen=True)
+class Conv1dPlan:
+    """The host side of one conv launch, from Python ints: token tiles and state programs."""
 
+    seqlens: list[int]
+    offsets: list[list[int]]
+    num_tiles: int
+    num_captures: int
+    tile_start: Table
+    tile_len: Table
+    tile_pos: Table
+    tile_seq: Table
+    state_seq: Table
+    state_end: Table
+    cu_seqlens: Table  # int32 (S+1,): where each sequence starts (the state programs read it)
+
+
+def plan_causal_conv1d(seqlens, capture_offsets, tables: IntTables) -> Conv1dPlan:
+    """The tables of a conv over sequences of these host lengths, added to `tables` (uploaded
+    later, once, with the rest of the step). Pass the plan as `causal_conv1d(..., plan=)`."""
+    seqlens = check_host_seqlens(seqlens)
+    offsets = check_capture_offsets(capture_offsets, seqlens)
+    S = len(seqlens)
     tiles = build_chunk_table(seqlens, [[] for _ in seqlens], BLOCK_T)
-    n_tiles = len(tiles.start)
     seq_start = [0]
     for n in seqlens:
         seq_start.append(seq_start[-1] + n)
     tile_pos = [st - seq_start[s] for st, s in zip(tiles.start, tiles.seq)]
     state_seq = list(range(S)) + [s for s, offs in enumerate(offsets) for _ in offs]
     state_end = list(seqlens) + [o for offs in offsets for o in offs]
-    meta = torch.tensor(tiles.start + tiles.length + tile_pos + tiles.seq + state_seq + state_end,
-                        dtype=torch.int32).to(dev)
-    nt, ns = n_tiles, S + K
-    t_start, t_len, t_pos, t_seq = (meta[i * nt:(i + 1) * nt] for i in range(4))
-    s_seq, s_end = meta[4 * nt:4 * nt + ns], meta[4 * nt + ns:]
+    return Conv1dPlan(
+        seqlens, offsets, len(tiles.start), sum(len(o) for o in offsets),
+        tables.add(tiles.start), tables.add(tiles.length), tables.add(tile_pos), tables.add(tiles.seq),
+        tables.add(state_seq), tables.add(state_end), tables.add(seq_start))
+
+
+def causal_conv1d(
+    x, weight, bias=None, *, cu_seqlens, initial_states=None, capture_offsets=None, activation="silu",
+    plan: Conv1dPlan | None = None,
+) -> Conv1dOutput:
+    """x (T, D), weight (D, 4), bias (D,) or None, cu_seqlens (S+1,), initial_states (S, D, 3) in
+    x's dtype or None (zeros), capture_offsets as in `ssd_scan`, activation "silu" or None.
+    Returns Conv1dOutput(y (T, D), final_states (S, D, 3), captured_states (K, D, 3)), x's dtype.
+    `plan`: from `plan_causal_conv1d` for these lengths and offsets (cu_seqlens is then not read)."""
+    if plan is None:
+        seqlens, offsets = check_conv1d_args(x, weight, bias, cu_seqlens, initial_states, capture_offsets,
+                                             activation)
+        tables = IntTables()
+        plan = plan_causal_conv1d(seqlens, offsets, tables)
+        tables.upload(x.device)  # one host-to-device copy for every table
+    else:
+        seqlens, offsets = check_conv1d_args(x, weight, bias, cu_seqlens, initial_states, capture_offsets,
+                                             activation, plan.seqlens)
+        require(offsets == plan.offsets, "plan", f"made for capture offsets {plan.offsets}, called with {offsets}")
+    T, D = x.shape
+    W = weight.shape[1]
+    require(W == WIDTH, "weight", f"the Triton kernel needs width W={WIDTH}, got {W} (the reference takes any W)")
+    dev = x.device
+    out = _empty((T, D), x.dtype, dev)
+    S = len(seqlens)
+    K = plan.num_captures
+    final = _empty((S, D, W - 1), x.dtype, dev)
+    captured = _empty((K, D, W - 1), x.dtype, dev)
+    n_tiles = plan.num_tiles
     init = initial_states.contiguous() if initial_states is not None else None
-    cu = cu_seqlens.to(torch.int32)
 
     grid = (n_tiles + S + K, triton.cdiv(D, BLOCK_D))
     _causal_conv1d_kernel[grid](
-        x, weight.contiguous(), bias, init, t_start, t_len, t_pos, t_seq,
-        s_seq, s_end, cu, out, final, captured,
+        x, weight.contiguous(), bias, init, plan.tile_start.t, plan.tile_len.t, plan.tile_pos.t, plan.tile_seq.t,
+        plan.state_seq.t, plan.state_end.t, plan.cu_seqlens.t, out, final, captured,
         D, n_tiles, S,
         x.stride(0), x.stride(1),
         W=W, BLOCK_D=BLOCK_D,
@@ -183,5 +222,6 @@ def compile_variants() -> list[KernelVariant]:
         types.update({a: f"*{td}" for a in ("x", "weight", "bias", "initial_states", "y", "final_states",
                                              "captured_states")})
         sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
-        variants.append(KernelVariant(f"ssm/causal_conv1d/{td}/w4", fn, sig, consts, num_warps=4))
+        variants.append(KernelVariant(f"ssm/causal_conv1d/{td}/w4", fn, sig, consts, num_warps=4,
+                                      divisible_by_16=aligned_args(fn, sig, consts)))
     return variants

@@ -6,8 +6,29 @@ model core, the planner and the experiments all raise the same way: "name: what 
 
 from __future__ import annotations
 
+import os
+
 
 def require(cond: bool, name: str, message: str) -> None:
     """Raise ValueError("name: message") unless cond holds."""
     if not cond:
         raise ValueError(f"{name}: {message}")
+
+
+# ---- the debug switch: checks that read device tensors on the host ---------------------------
+# A launcher given host-built step metadata (a plan) trusts it: the checks that would read its
+# device tensors back (a host sync each) run only with this switch on. The test suite turns it on
+# (tests/conftest.py); `KERNELS_DEBUG_CHECKS=1` turns it on anywhere else.
+_DEBUG = [os.environ.get("KERNELS_DEBUG_CHECKS", "0") not in ("", "0")]
+
+
+def debug_checks() -> bool:
+    """Whether launchers re-check device tensors against their host metadata (host syncs)."""
+    return _DEBUG[0]
+
+
+def set_debug_checks(on: bool) -> bool:
+    """Turn the device-reading checks on or off; returns the previous setting."""
+    prev = _DEBUG[0]
+    _DEBUG[0] = bool(on)
+    return prev

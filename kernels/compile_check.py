@@ -47,6 +47,10 @@ class CompileResult:
     local_bytes: int = -1  # per-thread local memory: stack frames and spills
     spill_store_bytes: int = -1
     spill_load_bytes: int = -1
+    wgmma: bool = False  # the PTX has Hopper warpgroup MMAs (wgmma.mma_async)
+    mma: bool = False  # ... any tensor-core MMA (mma.sync or wgmma)
+    cp_async: bool = False  # ... asynchronous global-to-shared copies (cp.async / TMA bulk copies)
+    num_stages: int = -1
     error: str = ""
 
 
@@ -113,6 +117,7 @@ def compile_variant(variant: KernelVariant, cc: int, arch: str) -> CompileResult
         return CompileResult(variant.name, arch, ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
     usage = _resource_usage(compiled.asm["cubin"])
     stores, loads = _spills_from_ptxas_log(log.getvalue())
+    ptx = compiled.asm["ptx"]
     return CompileResult(
         variant.name, arch, ok=True,
         registers=usage.get("REG", -1),
@@ -120,6 +125,10 @@ def compile_variant(variant: KernelVariant, cc: int, arch: str) -> CompileResult
         local_bytes=usage.get("LOCAL", -1),
         spill_store_bytes=stores,
         spill_load_bytes=loads,
+        wgmma="wgmma.mma_async" in ptx,
+        mma="wgmma.mma_async" in ptx or "mma.sync" in ptx,
+        cp_async="cp.async" in ptx,
+        num_stages=variant.num_stages,
     )
 
 
@@ -139,13 +148,16 @@ def check_all(name_filter: str = "") -> list[CompileResult]:
 
 
 def format_table(results: list[CompileResult]) -> str:
-    head = f"{'variant':<56} {'arch':<6} {'regs':>5} {'smem B':>8} {'local B':>8} {'spill st/ld B':>14}"
+    head = (f"{'variant':<56} {'arch':<6} {'regs':>5} {'smem B':>8} {'local B':>8} {'spill st/ld B':>14} "
+            f"{'st':>2} ptx")
     lines = [head, "-" * len(head)]
     for r in results:
         if r.ok:
+            feats = ",".join(f for f, on in (("wgmma", r.wgmma), ("mma", r.mma and not r.wgmma),
+                                              ("cp.async", r.cp_async)) if on)
             lines.append(
                 f"{r.variant:<56} {r.arch:<6} {r.registers:>5} {r.shared_bytes:>8} {r.local_bytes:>8} "
-                f"{r.spill_store_bytes:>6}/{r.spill_load_bytes:<7}"
+                f"{r.spill_store_bytes:>6}/{r.spill_load_bytes:<7} {r.num_stages:>2} {feats}"
             )
         else:
             lines.append(f"{r.variant:<56} {r.arch:<6} FAILED: {r.error.splitlines()[0] if r.error else ''}")
@@ -164,7 +176,20 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     # -1 means the count could not be read: as bad as a spill.
     bad = [r for r in results if not r.ok or r.spill_store_bytes != 0 or r.spill_load_bytes != 0 or r.local_bytes != 0]
+    bad += missing_wgmma(results)
     return 1 if bad else 0
+
+
+# The tensor-core variants: on sm_90 their 16-bit dots must be Hopper warpgroup MMAs (wgmma).
+WGMMA_REQUIRED = ("paged_attention/prefill/bf16/", "paged_attention/prefill/fp16/", "ssm/ssd_scan/bmm/bf16/",
+                  "ssm/ssd_scan/bmm/fp16/", "ssm/ssd_scan/chunk_state/bf16/", "ssm/ssd_scan/chunk_state/fp16/",
+                  "ssm/ssd_scan/chunk_scan/bf16/", "ssm/ssd_scan/chunk_scan/fp16/")
+
+
+def missing_wgmma(results: list[CompileResult]) -> list[CompileResult]:
+    """The sm_90 builds of `WGMMA_REQUIRED` variants whose PTX has no wgmma."""
+    return [r for r in results if r.ok and r.arch == "sm_90" and not r.wgmma
+            and any(r.variant.startswith(p) for p in WGMMA_REQUIRED)]
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 
 The conv state (the last 3 inputs, oldest first) lives in a pool `(num_slots, D, 3)` in x's dtype;
 sequence s owns `conv_state_pool[slot_idx[s]]`. One program per (sequence, BLOCK_D channels).
+A slot of -1 is a pad row: no state read or written, y computed from a zero state.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import require
+from kernels.checks import debug_checks, require
 from kernels.contracts.conv1d import check_conv1d_decode_args
-from kernels.variants import KernelVariant
+from kernels.variants import KernelVariant, aligned_args
 
 __all__ = ["causal_conv1d_decode_step"]
 
@@ -37,10 +38,11 @@ def _conv1d_decode_kernel(
     o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
     m_d = o_d < D
     slot = tl.load(slot_idx + i_s).to(tl.int64)
-    p_st = conv_state_pool + slot * D * (W - 1) + o_d * (W - 1)
-    b_s0 = tl.load(p_st + 0, mask=m_d, other=0.0)
-    b_s1 = tl.load(p_st + 1, mask=m_d, other=0.0)
-    b_s2 = tl.load(p_st + 2, mask=m_d, other=0.0)
+    m_st = m_d & ((o_d * 0 + slot) >= 0)  # a pad row (-1) touches no state (broadcast: the interpreter needs it)
+    p_st = conv_state_pool + tl.maximum(slot, 0) * D * (W - 1) + o_d * (W - 1)
+    b_s0 = tl.load(p_st + 0, mask=m_st, other=0.0)
+    b_s1 = tl.load(p_st + 1, mask=m_st, other=0.0)
+    b_s2 = tl.load(p_st + 2, mask=m_st, other=0.0)
     b_x = tl.load(x + i_s * stride_x_s + o_d * stride_x_d, mask=m_d, other=0.0)
 
     b_acc = tl.load(weight + o_d * W + 0, mask=m_d, other=0.0).to(tl.float32) * b_s0.to(tl.float32)
@@ -53,9 +55,9 @@ def _conv1d_decode_kernel(
         b_acc = b_acc * tl.sigmoid(b_acc)
     tl.store(y + i_s * D + o_d, b_acc.to(y.dtype.element_ty), mask=m_d)
 
-    tl.store(p_st + 0, b_s1, mask=m_d)
-    tl.store(p_st + 1, b_s2, mask=m_d)
-    tl.store(p_st + 2, b_x.to(b_s2.dtype), mask=m_d)
+    tl.store(p_st + 0, b_s1, mask=m_st)
+    tl.store(p_st + 1, b_s2, mask=m_st)
+    tl.store(p_st + 2, b_x.to(b_s2.dtype), mask=m_st)
 
 
 def _empty(shape, dtype, device) -> torch.Tensor:
@@ -65,10 +67,13 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 
 def causal_conv1d_decode_step(
     x, *, conv_state_pool, weight, bias=None, slot_idx, activation="silu", check_slots: bool = True,
+    pad_slots: bool = False,
 ) -> torch.Tensor:
     """x (S, D); conv_state_pool (num_slots, D, 3) in x's dtype, shifted in place at slot_idx (S,);
-    weight (D, 4), bias (D,) or None. Returns y (S, D) in x's dtype."""
-    check_conv1d_decode_args(x, conv_state_pool, weight, bias, slot_idx, activation, check_slots)
+    weight (D, 4), bias (D,) or None. Returns y (S, D) in x's dtype. `check_slots`, `pad_slots`:
+    as in `ssd_decode_step`."""
+    check_conv1d_decode_args(x, conv_state_pool, weight, bias, slot_idx, activation,
+                             check_slots or debug_checks(), pad_slots)
     S, D = x.shape
     require(weight.shape[1] == WIDTH, "weight", f"the Triton kernel needs width W={WIDTH}, got {weight.shape[1]}")
     require(conv_state_pool.is_contiguous(), "conv_state_pool", "must be contiguous (updated in place)")
@@ -93,7 +98,8 @@ def compile_variants() -> list[KernelVariant]:
     for dtype, td in _TRITON_DTYPE.items():
         consts = dict(stride_x_d=1, W=WIDTH, BLOCK_D=BLOCK_D, HAS_BIAS=True, SILU=True)
         types = {a: f"*{td}" for a in ("x", "weight", "bias", "conv_state_pool", "y")}
-        types["slot_idx"] = "*i64"
+        types["slot_idx"] = "*i32"
         sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
-        variants.append(KernelVariant(f"ssm/conv1d_decode/{td}/w4", fn, sig, consts, num_warps=4))
+        variants.append(KernelVariant(f"ssm/conv1d_decode/{td}/w4", fn, sig, consts, num_warps=4,
+                                      divisible_by_16=aligned_args(fn, sig, consts)))
     return variants

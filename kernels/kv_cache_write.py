@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.checks import debug_checks
 from kernels.contracts.paged_attention import check_kv_cache_write_args
 from kernels.variants import KernelVariant
 
@@ -69,8 +70,8 @@ def _check_layout(key, value, key_cache, value_cache) -> None:
         raise ValueError(f"head_dim must be in 1..256, got {head_dim}")
 
 
-def _launch(key, value, key_cache, value_cache, slot_mapping) -> None:
-    check_kv_cache_write_args(key, value, key_cache, value_cache, slot_mapping)
+def _launch(key, value, key_cache, value_cache, slot_mapping, check_slots: bool = True) -> None:
+    check_kv_cache_write_args(key, value, key_cache, value_cache, slot_mapping, check_slots or debug_checks())
     _check_layout(key, value, key_cache, value_cache)
     num_tokens = key.shape[0]
     _, block_size, num_kv_heads, head_dim = key_cache.shape
@@ -93,15 +94,19 @@ def write_kv_cache(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    check_slots: bool = True,
 ) -> None:
     """Write K/V of ``T`` tokens into the paged cache, in place.
 
     key, value ``(T, num_kv_heads, head_dim)``; key_cache, value_cache
     ``(num_blocks, block_size, num_kv_heads, head_dim)`` contiguous, same dtype; slot_mapping ``(T,)``
     int32/int64 with ``slot = block_id * block_size + offset`` or -1 to skip the token.
-    Raises `ValueError` before writing anything when an argument is out of range.
+    Raises `ValueError` before writing anything when an argument is out of range. `check_slots=False`
+    skips the host read of the slot range (one sync) unless the debug switch is on: for callers that
+    built the slots on the host and checked them there (the model step).
     """
-    _launch(key, value, key_cache, value_cache, slot_mapping)
+    _launch(key, value, key_cache, value_cache, slot_mapping, check_slots)
 
 
 def compile_variants():
@@ -115,7 +120,7 @@ def compile_variants():
             name=f"kv_cache_write/{dtype}/d{head_dim}/h{num_kv_heads}",
             fn=kv_cache_write_kernel,
             signature={
-                "key": tt, "value": tt, "key_cache": tt, "value_cache": tt, "slot_mapping": "*i64",
+                "key": tt, "value": tt, "key_cache": tt, "value_cache": tt, "slot_mapping": "*i32",
                 "num_kv_heads": "i32", "head_dim": "i32",
                 "stride_k_t": "i32", "stride_k_h": "i32", "stride_v_t": "i32", "stride_v_h": "i32",
                 "stride_c_slot": "i32", "stride_c_h": "i32",

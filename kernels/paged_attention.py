@@ -36,9 +36,19 @@ here only in constexprs picked by `choose_config`:
   bandwidth-bound. Split-K lifts the
   program count: batch 1 x 8 KV heads is 8 programs on 132 SMs (6%); 32 splits make 256.
 * prefill (a chunk in the batch): BLOCK_M = 128 rows (32 tokens x 4 heads) x BLOCK_N = 64 keys,
-  8 warps: 128 FLOP per KV byte. Decode sequences in a mixed batch ride the same launch: each costs
-  one program over its context, the size of one chunk q tile over the chunk's prefix, so they do
-  not straggle.
+  8 warps: 128 FLOP per KV byte. Decode sequences in a mixed batch ride the same launch, without
+  split-K.
+
+Decode rows in a mixed batch (issue 11, argued, not measured: no GPU yet). A decode row there is one
+program per KV head over its whole context. Split-K for those rows alone would need a per-row
+split count, a workspace and a merge over a subset of the rows: a second launch shape inside the
+mixed config. It pays only when the row's context is long against the chunk's work per SM: an
+8192-token chunk over a 0..8K prefix is 256 q tiles x 8 KV heads = 2048 programs averaging ~4K
+keys, ~62K keys an SM on 132 SMs, so a 32K-context decode row (32K keys on one SM) fits inside
+the chunk's time if it starts early. Programs therefore run in reverse tile order, and decode rows,
+packed last by the model, start in the first wave. A row longer than the chunk's keys per SM (a
+128K context beside a short chunk) still trails it; that case, and the claim itself, is for the
+GPU benchmark (mixed batches in `experiments/bench/paged_attention.py` once a GPU is lent).
 A second decode kernel would duplicate the softmax and the paging for no algorithmic difference;
 the per-config register and shared-memory numbers are in the compile-check table
 (`python -m kernels.compile_check --filter paged_attention`). GPU timings are pending: the
@@ -56,7 +66,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.contracts.paged_attention import PagedAttentionMeta, check_paged_attention_args
+from kernels.checks import debug_checks, require
+from kernels.contracts.paged_attention import (
+    PagedAttentionMeta, check_paged_attention_args, check_paged_attention_shapes, host_paged_attention_meta,
+)
 from kernels.variants import KernelVariant
 
 # A finite "minus infinity" for the running max: a row that sees no key in a split keeps it,
@@ -138,7 +151,10 @@ def paged_attention_kernel(
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
-    i_tile = tl.program_id(0)
+    # Programs run in reverse tile order: the last sequences first. The model packs decode rows
+    # after the prefill chunks, so in a mixed batch they start in the first wave and overlap the
+    # chunk's tiles instead of trailing them (see "Decode rows in a mixed batch" above).
+    i_tile = tl.num_programs(0) - 1 - tl.program_id(0)
     i_kvh = tl.program_id(1).to(tl.int64)
     i_split = tl.program_id(2)
 
@@ -158,7 +174,7 @@ def paged_attention_kernel(
     i_local = i_tile - (q_begin // BLOCK_Q + i_seq)
     if i_local >= n_qtiles:
         return
-    i_qt = n_qtiles - 1 - i_local  # the last q tile sees the most keys: launch it first
+    i_qt = i_local  # reversed order: the last q tile (it sees the most keys) launches first
     context_len = tl.load(seq_lens + i_seq) - q_len
 
     # Rows: query token i_qt * BLOCK_Q + m // GROUP, query head i_kvh * GROUP + m % GROUP.
@@ -207,7 +223,8 @@ def paged_attention_kernel(
         tl.store(ws_l + o_ws, l_i, mask=m_row)
         tl.store(ws_acc + o_ws[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_qd)
     else:
-        b_o = acc / l_i[:, None]  # l_i >= 1 on every real row: key 0 is visible to all
+        # l_i >= 1 on every real row (key 0 is visible to all); a pad row (seq_len 0) saw no key: 0
+        b_o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         p_o = out + o_tok[:, None] * stride_o_t + o_head[:, None] * stride_o_h + o_d[None, :]
         tl.store(p_o, b_o.to(out.dtype.element_ty), mask=m_qd)
 
@@ -235,7 +252,8 @@ def paged_attention_merge_kernel(
     b_l = tl.load(ws_l + o_ws, mask=m_j, other=0.0)
     b_w = tl.exp2(b_m - tl.max(b_m, 0))  # empty splits hold m = -1e30: weight 0
     b_acc = tl.load(ws_acc + o_ws[:, None] * HEAD_DIM + o_d[None, :], mask=m_j[:, None] & m_d[None, :], other=0.0)
-    b_o = tl.sum(b_acc * b_w[:, None], 0) / tl.sum(b_l * b_w, 0)
+    b_den = tl.sum(b_l * b_w, 0)
+    b_o = tl.sum(b_acc * b_w[:, None], 0) / tl.where(b_den > 0.0, b_den, 1.0)  # a pad row saw no key: 0
     tl.store(out + i_t * stride_o_t + i_h * stride_o_h + o_d, b_o.to(out.dtype.element_ty), mask=m_d)
 
 
@@ -275,7 +293,7 @@ def choose_config(
         # and 20 B (sm_80) in the split variant under Triton 3.6, the GPU machine's version, so 1.
         cfg = dict(block_m=16, block_n=32, num_warps=4, num_stages=1 if head_dim_pad <= 64 else 2)
     elif decode:
-        # 16 rows (the MMA minimum) x 64 keys, 4 warps: ~115 registers at d128; 3 stages of K+V
+        # 16 rows (the MMA minimum) x 64 keys, 4 warps: ~150 registers at d128 (sm_90, Triton 3.6 and 3.9); 3 stages of K+V
         # tiles (39 KiB) keep loads in flight. d64 at 3 stages spills 32 B on sm_80, so 2.
         cfg = dict(block_m=16, block_n=64 if head_dim_pad <= 128 else 32, num_warps=4,
                    num_stages=3 if head_dim_pad == 128 else 2)
@@ -346,6 +364,9 @@ class PagedAttentionPlan:
     meta: PagedAttentionMeta
     scale: float
     config: LaunchConfig | None
+    # A decode bucket (`plan_decode_bucket`): one query a row, `meta.seq_lens` an upper bound, and
+    # rows with seq_len 0 are pad rows (output 0); the device tensors change between replays.
+    pad_rows: bool = False
 
 
 def plan(
@@ -378,6 +399,73 @@ def plan(
             num_splits=num_splits,
         )
     return PagedAttentionPlan(meta, scale, config)
+
+
+_plan_from_tensors = plan  # `paged_attention`'s keyword `plan` shadows the function there
+
+
+def plan_from_host(
+    q_lens, seq_lens, *, num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
+    dtype: torch.dtype, device: torch.device | str, scale: float | None = None, num_splits: int | None = None,
+) -> PagedAttentionPlan:
+    """The plan of a call from the step's host integers (query and total lengths per sequence):
+    no device read. Every attention layer of a model step shares it (`paged_attention(plan=)`)."""
+    meta = host_paged_attention_meta(q_lens, seq_lens, block_size, max_blocks)
+    if num_kv_heads < 1 or num_q_heads % num_kv_heads or not 1 <= num_q_heads // num_kv_heads <= _MAX_GROUP:
+        raise ValueError(f"num_q_heads // num_kv_heads must be an integer in 1..{_MAX_GROUP}, "
+                         f"got {num_q_heads} / {num_kv_heads}")
+    if num_splits is not None and not 1 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"num_splits must be in 1..{_MAX_SPLITS} or None, got {num_splits}")
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    group = num_q_heads // num_kv_heads
+    config = None
+    if sum(meta.q_lens):
+        config = choose_config(
+            dtype, head_dim, group, decode=is_decode(meta.max_q_len, group), num_seqs=meta.num_seqs,
+            num_kv_heads=num_kv_heads, max_seq_len=meta.max_seq_len, sm_count=_sm_count(torch.device(device)),
+            num_splits=num_splits,
+        )
+    return PagedAttentionPlan(meta, scale, config)
+
+
+def plan_decode_bucket(
+    batch: int, *, num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, max_blocks: int,
+    dtype: torch.dtype, device: torch.device | str, scale: float | None = None, num_splits: int | None = None,
+) -> PagedAttentionPlan:
+    """A fixed plan for `batch` decode rows (one query each) of up to `max_blocks * block_size`
+    tokens, for a CUDA graph replayed with other lengths: the grid and the split count depend only
+    on the bucket (the split heuristic sees the longest context the block tables can hold). Rows
+    with seq_len 0 are pad rows and write 0."""
+    max_len = max_blocks * block_size
+    base = plan_from_host([1] * batch, [max_len] * batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                          head_dim=head_dim, block_size=block_size, max_blocks=max_blocks, dtype=dtype,
+                          device=device, scale=scale, num_splits=num_splits)
+    return dataclasses.replace(base, pad_rows=True)
+
+
+def _check_against_plan(checked: PagedAttentionPlan, query, key_cache, value_cache, block_tables, seq_lens,
+                        cu_seqlens_q, scale, out) -> None:
+    """The checks a host-planned call makes without reading device data; the debug switch adds the
+    full device-reading check and compares its facts with the plan's."""
+    check_paged_attention_shapes(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
+    _check_layout(query, key_cache, block_tables, out, checked.config.num_splits if checked.config else None)
+    meta = checked.meta
+    require(seq_lens.shape[0] == meta.num_seqs and query.shape[0] == meta.cu_seqlens_q[-1], "plan",
+            f"made for {meta.num_seqs} sequences and {meta.cu_seqlens_q[-1]} query tokens, called with "
+            f"{seq_lens.shape[0]} and {query.shape[0]}")
+    want_scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
+    require(want_scale == checked.scale, "plan", f"made for scale {checked.scale}, called with {want_scale}")
+    if debug_checks() and checked.pad_rows:
+        cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+        require(cu == list(range(meta.num_seqs + 1)), "cu_seqlens_q", f"a decode bucket has one query a row, got {cu}")
+        require(all(0 <= n <= meta.max_seq_len for n in lens), "seq_lens",
+                f"must lie in 0 .. {meta.max_seq_len} (0: a pad row), got {lens}")
+    elif debug_checks():
+        device_meta = check_paged_attention_args(query, key_cache, value_cache, block_tables, seq_lens,
+                                                 cu_seqlens_q, out)
+        require(device_meta == meta, "plan", f"does not match the tensors: {meta} vs {device_meta}")
 
 
 def launch(
@@ -435,6 +523,7 @@ def paged_attention(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    plan: PagedAttentionPlan | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed varlen queries over their paged K/V (decode and prefill chunks).
 
@@ -445,9 +534,15 @@ def paged_attention(
     ``<=`` it. ``scale`` defaults to ``D ** -0.5``. ``num_splits`` forces the split-K count
     (default: a heuristic that splits long decodes only). Returns ``(T, Hq, D)`` in the query dtype,
     written into ``out`` when given. Raises `ValueError` before launching on a bad argument.
+    ``plan``: from `plan_from_host` for these lengths (then no tensor data is read on the host, and
+    ``num_splits`` is the plan's).
     """
-    checked = plan(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, out=out,
-                   num_splits=num_splits)
+    if plan is None:
+        checked = _plan_from_tensors(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q,
+                                     scale=scale, out=out, num_splits=num_splits)
+    else:
+        checked = plan
+        _check_against_plan(checked, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, out)
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     return launch(checked, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)

@@ -26,23 +26,29 @@ a second host-built chunk table and its copy) and a host round trip between them
 Layouts: x (T, H, P), dt (T, H), B/C (T, G, N) may have any strides (the model passes views of
 one projection). Internals: dt'/dA_cs (nc, H, L) fp32, CB (nc, G, L, L) fp32,
 states (nc, H, P, N) fp32 (chunk states, overwritten in place by the state entering each chunk).
-`cu_seqlens` is read on the host (one sync) to build the chunk table and size the grid.
+Called alone, `ssd_scan` reads `cu_seqlens` on the host (one sync) to build the chunk table and
+size the grid, and uploads the table (one blocking copy). A model step instead builds the table
+once on the host from its own integers (`plan_ssd_scan`), uploads it with the step's other
+metadata (`kernels.contracts.packed`) and passes the plan to every layer: no sync, no copy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import require
+from kernels.checks import debug_checks, require
+from kernels.contracts.packed import IntTables, Table
 from kernels.contracts.ssd import NO_LIMIT, SSDScanOutput, check_ssd_scan_args
-from kernels.contracts.varlen import build_chunk_table
-from kernels.variants import KernelVariant
+from kernels.contracts.tensors import INDEX_DTYPES, check_tensor
+from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens, check_slot_idx
+from kernels.variants import KernelVariant, aligned_args
 
-__all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE"]
+__all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE", "SSDScanPlan", "plan_ssd_scan"]
 
 DEFAULT_CHUNK_SIZE = 256  # Bamba/Granite-4.0-H's mamba_chunk_size
 
@@ -187,22 +193,27 @@ def _ssd_chunk_state_kernel(
 @triton.jit
 def _ssd_state_passing_kernel(
     # pointers
-    states, dA_cs, seq_chunks, chunk_capture, initial_states, final_states, captured_states,
+    states, dA_cs, seq_chunks, chunk_capture, initial_states, final_states, captured_states, state_slots,
     # sizes
     H, PN,
     # meta
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_INIT: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, HAS_INIT: tl.constexpr, POOL: tl.constexpr,
 ):
     """Walks one sequence's chunks for one head and a BLOCK of its P*N state elements.
 
     Reads each chunk's own state, overwrites it with the state *entering* the chunk (what stage 5
     needs), and carries state = exp(dA_total) * state + chunk_state. A chunk cut at a capture
-    offset has `chunk_capture >= 0`: the state after it is stored there as well (the capture)."""
+    offset has `chunk_capture >= 0`: the state after it is stored there as well (the capture).
+    POOL: initial_states and final_states are one state pool, row `state_slots[s]` for sequence s
+    (read first, written last by this same program: no other program touches those elements)."""
     i_b, i_h, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     o = i_b * BLOCK + tl.arange(0, BLOCK)
     m = o < PN
+    i_row = i_s
+    if POOL:
+        i_row = tl.load(state_slots + i_s).to(tl.int64)
     if HAS_INIT:
-        b_s = tl.load(initial_states + (i_s * H + i_h) * PN + o, mask=m, other=0.0)
+        b_s = tl.load(initial_states + (i_row * H + i_h) * PN + o, mask=m, other=0.0)
     else:
         b_s = tl.zeros([BLOCK], dtype=tl.float32)
     c_lo = tl.load(seq_chunks + i_s)
@@ -217,7 +228,7 @@ def _ssd_state_passing_kernel(
         i_k = tl.load(chunk_capture + c64).to(tl.int64)
         if i_k >= 0:
             tl.store(captured_states + (i_k * H + i_h) * PN + o, b_s, mask=m)
-    tl.store(final_states + (i_s * H + i_h) * PN + o, b_s, mask=m)
+    tl.store(final_states + (i_row * H + i_h) * PN + o, b_s, mask=m)
 
 
 @triton.jit
@@ -317,6 +328,9 @@ def tile_config(chunk: int, H: int, P: int, N: int, dtype: torch.dtype) -> dict[
         scan_block_n=max(16, min(32, _pow2(N))),
         scan_block_k=min(32, chunk),
         warps=8 if block_m >= 64 else 4,
+        stages=3,  # Triton's default, passed explicitly so the compile check builds what runs
+        # fp32 chunk_scan at 3 stages sat at 128 registers and spilled 4 B on sm_80; at 2: 178, none
+        scan_stages=2 if dtype == torch.float32 else 3,
     )
 
 
@@ -330,6 +344,39 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class SSDScanPlan:
+    """The host side of one scan's launches, built from Python ints: the chunk table and sizes.
+    Its tables are views into a step's one uploaded buffer (`IntTables`)."""
+
+    seqlens: list[int]
+    offsets: list[list[int]]  # capture offsets per sequence (validated)
+    chunk_size: int
+    num_chunks: int
+    num_captures: int
+    chunk_start: Table
+    chunk_len: Table
+    chunk_capture: Table
+    seq_chunks: Table
+
+
+def _check_chunk_size(chunk_size) -> None:
+    require(isinstance(chunk_size, int) and chunk_size >= 16 and (chunk_size & (chunk_size - 1)) == 0,
+            "chunk_size", f"must be a power of 2 >= 16 (tl.dot tiles), got {chunk_size}")
+
+
+def plan_ssd_scan(seqlens, capture_offsets, chunk_size: int, tables: IntTables) -> SSDScanPlan:
+    """The chunk table of a scan over sequences of these host lengths, added to `tables` (uploaded
+    later, once, with the rest of the step). Pass the plan as `ssd_scan(..., plan=)`."""
+    seqlens = check_host_seqlens(seqlens)
+    offsets = check_capture_offsets(capture_offsets, seqlens)
+    _check_chunk_size(chunk_size)
+    table = build_chunk_table(seqlens, offsets, chunk_size)
+    return SSDScanPlan(
+        seqlens, offsets, chunk_size, len(table.start), sum(len(o) for o in offsets),
+        tables.add(table.start), tables.add(table.length), tables.add(table.capture), tables.add(table.seq_chunks))
+
+
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Every buffer of the launch (outputs and intermediates); tests swap in NaN-filled ones."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -337,7 +384,8 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 
 def ssd_scan(
     x, dt, A, B, C, *, cu_seqlens, D=None, dt_bias=None, dt_softplus=True, dt_limit=NO_LIMIT,
-    initial_states=None, capture_offsets=None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+    initial_states=None, capture_offsets=None, chunk_size: int = DEFAULT_CHUNK_SIZE, plan: SSDScanPlan | None = None,
+    state_pool=None, state_slots=None,
 ) -> SSDScanOutput:
     """Varlen Mamba-2 SSD scan with in-launch state capture.
 
@@ -346,30 +394,50 @@ def ssd_scan(
     capture_offsets None or S lists of offsets (0 < o < len, strictly increasing).
     Returns SSDScanOutput(y (T, H, P) in x's dtype, final_states (S, H, P, N) fp32,
     captured_states (K, H, P, N) fp32: the state after tokens [0, o) of each listed offset).
-    `chunk_size`: the internal chunk, a power of 2 >= 16.
+    `chunk_size`: the internal chunk, a power of 2 >= 16. `plan`: from `plan_ssd_scan` for these
+    lengths, offsets and chunk size (then cu_seqlens is not read and nothing is uploaded).
+    `state_pool` (num_slots, H, P, N) fp32 contiguous with `state_slots` (S,) int32/int64: every
+    sequence starts from `state_pool[state_slots[s]]` and its final state is written back there,
+    in the launch (no gather or scatter around it; `initial_states` must then be None and the
+    returned final_states is the pool itself). Slots are not read on the host: the caller checked
+    them (distinct, in range), unless the debug switch is on.
     """
-    seqlens, offsets, limit = check_ssd_scan_args(
-        x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets)
-    require(chunk_size >= 16 and (chunk_size & (chunk_size - 1)) == 0, "chunk_size",
-            f"must be a power of 2 >= 16 (tl.dot tiles), got {chunk_size}")
+    if plan is None:
+        seqlens, offsets, limit = check_ssd_scan_args(
+            x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets)
+        _check_chunk_size(chunk_size)
+        tables = IntTables()
+        plan = plan_ssd_scan(seqlens, offsets, chunk_size, tables)
+        tables.upload(x.device)  # one host-to-device copy for the whole table
+    else:
+        seqlens, offsets, limit = check_ssd_scan_args(
+            x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets, plan.seqlens)
+        require(offsets == plan.offsets and chunk_size == plan.chunk_size, "plan",
+                f"made for capture offsets {plan.offsets} and chunk {plan.chunk_size}, "
+                f"called with {offsets} and {chunk_size}")
+    if state_pool is not None:
+        require(initial_states is None, "initial_states", "must be None when the states come from state_pool")
+        require(state_slots is not None, "state_slots", "needed with state_pool")
+        check_tensor("state_pool", state_pool, (None, x.shape[1], x.shape[2], B.shape[2]), (torch.float32,), x.device)
+        require(state_pool.is_contiguous(), "state_pool", "must be contiguous (updated in place)")
+        S_pool = len(seqlens)
+        check_tensor("state_slots", state_slots, (S_pool,), INDEX_DTYPES, x.device)
+        if debug_checks():
+            check_slot_idx(state_slots, state_pool.shape[0], S_pool)
     T, H, P = x.shape
     G, N = B.shape[1:]
     S = len(seqlens)
     dev = x.device
     out = _empty((T, H, P), x.dtype, dev)
-    table = build_chunk_table(seqlens, offsets, chunk_size)
-    nc = len(table.start)
-    K = sum(len(o) for o in offsets)
-    final = _empty((S, H, P, N), torch.float32, dev)
+    nc, K = plan.num_chunks, plan.num_captures
+    final = _empty((S, H, P, N), torch.float32, dev) if state_pool is None else state_pool
     captured = _empty((K, H, P, N), torch.float32, dev)
     if nc == 0:  # every sequence empty: final = initial
-        final.copy_(initial_states if initial_states is not None else torch.zeros_like(final))
+        if state_pool is None:
+            final.copy_(initial_states if initial_states is not None else torch.zeros_like(final))
         return SSDScanOutput(out, final, captured)
-
-    # one host-to-device copy for the whole table
-    meta = torch.tensor(table.start + table.length + table.capture + table.seq_chunks, dtype=torch.int32).to(dev)
-    chunk_start, chunk_len, chunk_capture = meta[:nc], meta[nc:2 * nc], meta[2 * nc:3 * nc]
-    seq_chunks = meta[3 * nc:]
+    chunk_start, chunk_len, chunk_capture = plan.chunk_start.t, plan.chunk_len.t, plan.chunk_capture.t
+    seq_chunks = plan.seq_chunks.t
 
     L = chunk_size
     cfg = tile_config(L, H, P, N, x.dtype)
@@ -386,7 +454,7 @@ def ssd_scan(
         H, limit[0], limit[1],
         dt.stride(0), dt.stride(1),
         CHUNK=L, BLOCK_H=cfg["cumsum_block_h"],
-        HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus), HAS_LIMIT=has_limit,
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus), HAS_LIMIT=has_limit, num_stages=cfg["stages"],
     )
     bm = cfg["bmm_block_m"]
     _ssd_bmm_kernel[(nc, G, (L // bm) ** 2)](
@@ -394,6 +462,7 @@ def ssd_scan(
         G, N,
         *B.stride(), *C.stride(),
         CHUNK=L, BLOCK_M=bm, BLOCK_K=cfg["bmm_block_k"], DOT_PRECISION=prec, num_warps=cfg["warps"],
+        num_stages=cfg["stages"],
     )
     bp, bn = cfg["state_block_p"], cfg["state_block_n"]
     _ssd_chunk_state_kernel[(nc, H, triton.cdiv(P, bp) * triton.cdiv(N, bn))](
@@ -401,13 +470,14 @@ def ssd_scan(
         H, P, N, H // G,
         *x.stride(), *B.stride(),
         CHUNK=L, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec,
-        num_warps=cfg["warps"],
+        num_warps=cfg["warps"], num_stages=cfg["stages"],
     )
     blk = cfg["pass_block"]
     _ssd_state_passing_kernel[(triton.cdiv(P * N, blk), H, S)](
-        states, dA_cs, seq_chunks, chunk_capture, init, final, captured,
-        H, P * N,
-        CHUNK=L, BLOCK=blk, HAS_INIT=init is not None,
+        states, dA_cs, seq_chunks, chunk_capture, state_pool if state_pool is not None else init, final, captured,
+        state_slots, H, P * N,
+        CHUNK=L, BLOCK=blk, HAS_INIT=init is not None or state_pool is not None, POOL=state_pool is not None,
+        num_stages=cfg["stages"],
     )
     sm, sp = cfg["scan_block_m"], cfg["scan_block_p"]
     _ssd_chunk_scan_kernel[(nc, H, (L // sm) * triton.cdiv(P, sp))](
@@ -415,7 +485,7 @@ def ssd_scan(
         H, P, N, G, H // G,
         *x.stride(), *C.stride(),
         CHUNK=L, BLOCK_M=sm, BLOCK_P=sp, BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"],
-        HAS_D=D is not None, DOT_PRECISION=prec, num_warps=cfg["warps"],
+        HAS_D=D is not None, DOT_PRECISION=prec, num_warps=cfg["warps"], num_stages=cfg["scan_stages"],
     )
     return SSDScanOutput(out, final, captured)
 
@@ -434,7 +504,8 @@ def _signature(fn, types: dict[str, str], constexprs: dict) -> dict[str, str]:
 
 def compile_variants() -> list[KernelVariant]:
     """The model's shapes: P=64, N in {64, 128}, chunk 256, fp32/bf16/fp16 inputs; last-dim
-    strides are 1 as the JIT specializes them."""
+    strides are 1 as the JIT specializes them, pointers and sizes 16-divisible as it sees them at
+    Bamba-9B's shapes, Triton's default 3 stages as the launches use."""
     variants = []
     seen = set()
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -448,32 +519,38 @@ def compile_variants() -> list[KernelVariant]:
                  {"dt": f"*{td}", "dt_bias": "*fp32", "A": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32",
                   "dt_out": "*fp32", "dA_cs": "*fp32", "dt_min": "fp32", "dt_max": "fp32"},
                  dict(stride_dt_h=1, CHUNK=L, BLOCK_H=cfg["cumsum_block_h"], HAS_BIAS=True, SOFTPLUS=True,
-                      HAS_LIMIT=True), 4),
+                      HAS_LIMIT=True), 4, cfg["stages"]),
                 ("bmm", _ssd_bmm_kernel,
                  {"B": f"*{td}", "C": f"*{td}", "chunk_start": "*i32", "chunk_len": "*i32", "CB": "*fp32"},
                  dict(stride_b_n=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["bmm_block_m"], BLOCK_K=cfg["bmm_block_k"],
-                      DOT_PRECISION=prec), cfg["warps"]),
+                      DOT_PRECISION=prec), cfg["warps"], cfg["stages"]),
                 ("chunk_state", _ssd_chunk_state_kernel,
                  {"x": f"*{td}", "B": f"*{td}", "dt_out": "*fp32", "dA_cs": "*fp32", "chunk_start": "*i32",
                   "chunk_len": "*i32", "states": "*fp32"},
                  dict(stride_x_p=1, stride_b_n=1, CHUNK=L, BLOCK_P=cfg["state_block_p"],
-                      BLOCK_N=cfg["state_block_n"], BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec), cfg["warps"]),
+                      BLOCK_N=cfg["state_block_n"], BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec), cfg["warps"],
+                 cfg["stages"]),
                 ("state_passing", _ssd_state_passing_kernel,
                  {"states": "*fp32", "dA_cs": "*fp32", "seq_chunks": "*i32", "chunk_capture": "*i32",
-                  "initial_states": "*fp32", "final_states": "*fp32", "captured_states": "*fp32"},
-                 dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True), 4),
+                  "initial_states": "*fp32", "final_states": "*fp32", "captured_states": "*fp32",
+                  "state_slots": "*i32"},
+                 dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True, POOL=True), 4, cfg["stages"]),
                 ("chunk_scan", _ssd_chunk_scan_kernel,
                  {"x": f"*{td}", "C": f"*{td}", "D": "*fp32", "CB": "*fp32", "states": "*fp32", "dt_out": "*fp32",
                   "dA_cs": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32", "y": f"*{td}"},
                  dict(stride_x_p=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["scan_block_m"], BLOCK_P=cfg["scan_block_p"],
                       BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"], HAS_D=True, DOT_PRECISION=prec),
-                 cfg["warps"]),
+                 cfg["warps"], cfg["scan_stages"]),
             ]
-            for stage, fn, types, consts, warps in specs:
+            for stage, fn, types, consts, warps, stages in specs:
                 key = (stage, "" if stage == "state_passing" else td, tuple(sorted(consts.items())))
                 if key in seen:
                     continue
                 seen.add(key)
                 name = f"ssm/ssd_scan/{stage}/{td}/L{L}"  # N is a runtime loop: one build serves 64 and 128
-                variants.append(KernelVariant(name, fn, _signature(fn, types, consts), consts, num_warps=warps))
+                sig = _signature(fn, types, consts)
+                # stride_dt_t / stride_x_t etc.: projection views of Bamba-9B (16768, 8448 wide) are
+                # multiples of 16; so are H=128, P=64, N=128 and P*N
+                variants.append(KernelVariant(name, fn, sig, consts, num_warps=warps, num_stages=stages,
+                                              divisible_by_16=aligned_args(fn, sig, consts)))
     return variants

@@ -7,6 +7,7 @@ batch (paged path, varlen through `cu_seqlens_q`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,7 @@ class PagedAttentionInputs:
     block_tables: torch.Tensor  # (S, max_blocks) int32
     seq_lens: torch.Tensor  # (S,) int32: cached prefix + new tokens
     cu_seqlens_q: torch.Tensor  # (S+1,) int32
+    plan: Any = None  # the backend's host-built attention plan for the step (None: the op reads the tensors)
 
 
 class Attention(nn.Module):
@@ -64,7 +66,9 @@ class Attention(nn.Module):
         """Packed rows at any position: write the new K/V into the paged cache, then one varlen call."""
         T = x.shape[0]
         q, k, v = self._qkv(x, cos, sin)
-        ops.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        # the slots were built and checked on the host (`model.batch.validate_rows`): no device read
+        ops.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping, check_slots=False)
+        planned = {} if meta.plan is None else {"plan": meta.plan}
         out = ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
-                                  scale=self.scale)
+                                  scale=self.scale, **planned)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))

@@ -30,6 +30,10 @@ _OPS: dict[str, dict[str, tuple[str, str]]] = {
         "conv1d_decode_step": ("kernels.conv1d_decode", "causal_conv1d_decode_step"),
         "write_kv_cache": ("kernels.kv_cache_write", "write_kv_cache"),
         "paged_attention": ("kernels.paged_attention", "paged_attention"),
+        "plan_ssd_scan": ("kernels.ssd_scan", "plan_ssd_scan"),
+        "plan_causal_conv1d": ("kernels.causal_conv1d", "plan_causal_conv1d"),
+        "plan_paged_attention": ("kernels.paged_attention", "plan_from_host"),
+        "plan_decode_bucket": ("kernels.paged_attention", "plan_decode_bucket"),
     },
 }
 
@@ -45,13 +49,21 @@ class Backend:
     # not math (any chunk gives the same y and states up to rounding): the Triton kernels tile by
     # it (Bamba: 256); the CPU reference keeps its own default, 128, its fastest on 2 cores.
     scan_chunk_from_config: bool
+    # Whether ssd_scan reads and writes the SSM states in the pool through slots (state_pool=,
+    # state_slots=) instead of taking gathered initial states and returning finals to scatter.
+    scan_state_pool: bool
     conv_widths: tuple[int, ...] | None  # conv widths (mamba_d_conv) its conv ops take; None: any >= 2
     ssd_scan: Callable  # (x, dt, A, B, C, *, cu_seqlens, D, dt_bias, dt_softplus, dt_limit, initial_states, capture_offsets) -> (y, final, captured)
     ssd_decode_step: Callable  # (x, dt, A, B, C, *, state_pool, slot_idx, D, dt_bias, dt_softplus, dt_limit) -> y
     causal_conv1d: Callable  # (x, weight, bias, *, cu_seqlens, initial_states, capture_offsets, activation) -> (y, final, captured)
     conv1d_decode_step: Callable  # (x, *, conv_state_pool, weight, bias, slot_idx, activation) -> y
     write_kv_cache: Callable  # (key, value, key_cache, value_cache, slot_mapping) -> None
-    paged_attention: Callable  # (query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, *, scale) -> out
+    paged_attention: Callable  # (query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, *, scale[, plan]) -> out
+    # Per-step plans over host integers (`model.batch.StepPlanners`); None: the op reads its tensors.
+    plan_ssd_scan: Callable | None = None  # (seqlens, offsets, chunk_size, tables) -> plan
+    plan_causal_conv1d: Callable | None = None  # (seqlens, offsets, tables) -> plan
+    plan_paged_attention: Callable | None = None  # (q_lens, seq_lens, *, heads, head_dim, block_size, ...) -> plan
+    plan_decode_bucket: Callable | None = None  # (batch, *, heads, head_dim, block_size, max_blocks, ...) -> plan
 
 
 _loaded: dict[str, Backend] = {}
@@ -67,5 +79,6 @@ def get_backend(name: str) -> Backend:
             kernel_widths = {importlib.import_module(ops[op].__module__).WIDTH
                              for op in ("causal_conv1d", "conv1d_decode_step")}
             widths = tuple(kernel_widths) if len(kernel_widths) == 1 else ()
-        _loaded[name] = Backend(name=name, scan_chunk_from_config=name == "triton", conv_widths=widths, **ops)
+        _loaded[name] = Backend(name=name, scan_chunk_from_config=name == "triton", scan_state_pool=name == "triton",
+                                conv_widths=widths, **ops)
     return _loaded[name]

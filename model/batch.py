@@ -10,10 +10,12 @@ gathering them; attention sees all rows in one varlen paged call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
 from kernels.checks import require
+from kernels.contracts.packed import IntTables
 from model.attention import PagedAttentionInputs
 from model.cache import ModelCache, SSMState
 
@@ -91,27 +93,47 @@ def validate_rows(rows: list[SequenceChunk], cache: ModelCache, vocab_size: int)
     require(bad is None, "token_ids", f"row {bad}: ids must lie in 0 .. {vocab_size - 1}")
 
 
+@dataclass(frozen=True)
+class StepPlanners:
+    """The backend's per-step kernel plans, as callables over host integers; a None entry: the op
+    reads its tensors itself (the torch backend, where they live on the host anyway)."""
+
+    ssd_scan: Callable[[list[int], list[list[int]], IntTables], Any] | None = None  # (seqlens, offsets, tables)
+    causal_conv1d: Callable[[list[int], list[list[int]], IntTables], Any] | None = None
+    paged_attention: Callable[[list[int], list[int], int], Any] | None = None  # (q_lens, seq_lens, max_blocks)
+
+
 @dataclass
 class PackedBatch:
-    """Rows flattened for the kernels; internal row i is caller row `order[i]`."""
+    """Rows flattened for the kernels; internal row i is caller row `order[i]`.
+
+    The step's metadata: built once on the host from the rows' Python integers, every index
+    tensor a view into one int32 buffer uploaded with one copy (`kernels.contracts.packed`), and
+    the kernels' plans (chunk tables, split counts) shared by every layer."""
 
     order: list[int]
     rows: list[SequenceChunk]  # in internal order
-    token_ids: torch.Tensor  # (T,)
-    positions: torch.Tensor  # (T,) absolute positions (RoPE)
+    token_ids: torch.Tensor  # (T,) int32
+    positions: torch.Tensor  # (T,) int32 absolute positions (RoPE)
     num_prefill_rows: int
     num_prefill_tokens: int
+    prefill_seqlens: list[int]  # host lengths of the prefill rows
     prefill_cu_seqlens: torch.Tensor  # (Sp+1,) int32
-    prefill_slots: torch.Tensor  # (Sp,) int64
+    prefill_slots: torch.Tensor  # (Sp,) int32
     prefill_all_fresh: bool  # every prefill row starts at position 0: no initial state to gather
     capture_offsets: list[list[int]] | None  # per prefill row, None when no row captures
-    decode_slots: torch.Tensor  # (Sd,) int64
+    decode_slots: torch.Tensor  # (Sd,) int32
     attention: PagedAttentionInputs
-    logit_index: torch.Tensor  # (R,) packed token index of every token whose logits are returned
+    logit_index: torch.Tensor  # (R,) int32 packed token index of every token whose logits are returned
     logit_counts: list[int]  # per internal row
+    ssd_plan: Any = None  # the backend's plans (None: the op plans itself)
+    conv_plan: Any = None
+    buffer: torch.Tensor | None = None  # the one uploaded int32 buffer
 
 
-def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device) -> PackedBatch:
+def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device,
+              planners: StepPlanners | None = None) -> PackedBatch:
+    planners = planners or StepPlanners()
     order = [i for i, r in enumerate(rows) if r.num_tokens > 1] + [i for i, r in enumerate(rows) if r.num_tokens == 1]
     ordered = [rows[i] for i in order]
     num_prefill = sum(r.num_tokens > 1 for r in ordered)
@@ -119,44 +141,74 @@ def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device) 
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
-
-    positions, slot_mapping, tables = [], [], []
+    T = cu[-1]
     max_blocks = max(-(-r.end_pos // block_size) for r in ordered)
+    require(len(ordered) * max_blocks < 2**31 and max(max(r.block_table[:max_blocks], default=0) for r in ordered)
+            * block_size + block_size <= 2**31, "block_table", "slots must fit int32")
+
+    # Host work only: positions and slots with host tensor ops, the rest from Python ints.
+    positions, slot_mapping, tables = [], [], []
     for r in ordered:
-        pos = torch.arange(r.start_pos, r.end_pos)
-        table = torch.tensor(list(r.block_table)[:max_blocks], dtype=torch.int64)
-        slots = table[pos // block_size] * block_size + pos % block_size
+        pos = torch.arange(r.start_pos, r.end_pos, dtype=torch.int32)
+        table = list(r.block_table)[:max_blocks]
+        host_table = torch.as_tensor(table, dtype=torch.int32)  # host, no upload
+        slots = host_table[pos // block_size] * block_size + pos % block_size
         slot_mapping.append(torch.where(pos < r.kv_cached_len, -1, slots))
         positions.append(pos)
-        tables.append(torch.nn.functional.pad(table, (0, max_blocks - table.numel())))  # unused columns: never read
+        tables.extend(table + [0] * (max_blocks - len(table)))  # unused columns: never read
 
     logit_index, counts = [], []
     for r, start in zip(ordered, cu):
         count = r.num_tokens if r.all_logits else 1
-        logit_index.append(torch.arange(start + r.num_tokens - count, start + r.num_tokens))
+        logit_index.extend(range(start + r.num_tokens - count, start + r.num_tokens))
         counts.append(count)
 
     prefill = ordered[:num_prefill]
     captures = [list(r.capture_offsets) for r in prefill]
-    to = dict(device=device)
+    t = IntTables()
+    prefill_cu = t.add(cu[:num_prefill + 1])
+    prefill_slots = t.add([r.state_slot for r in prefill])
+    decode_slots = t.add([r.state_slot for r in ordered[num_prefill:]])
+    block_tables = t.add(tables, (len(ordered), max_blocks))
+    seq_lens = t.add([r.end_pos for r in ordered])
+    cu_q = t.add(cu)
+    logit_idx = t.add(logit_index)
+    ssd_plan = conv_plan = attn_plan = None
+    if num_prefill:
+        offsets = captures if any(captures) else None
+        if planners.ssd_scan is not None:
+            ssd_plan = planners.ssd_scan(lens[:num_prefill], offsets, t)
+        if planners.causal_conv1d is not None:
+            conv_plan = planners.causal_conv1d(lens[:num_prefill], offsets, t)
+    if planners.paged_attention is not None:
+        attn_plan = planners.paged_attention(lens, [r.end_pos for r in ordered], max_blocks)
+    token_ids = t.add_host_tensor(torch.cat([r.token_ids.reshape(-1) for r in ordered]))
+    pos_t = t.add_host_tensor(torch.cat(positions))
+    slot_t = t.add_host_tensor(torch.cat(slot_mapping))
+    buffer = t.upload(device)  # the step's one host-to-device copy
     return PackedBatch(
         order=order,
         rows=ordered,
-        token_ids=torch.cat([r.token_ids.to(device=device, dtype=torch.long) for r in ordered]),
-        positions=torch.cat(positions).to(**to),
+        token_ids=token_ids.t,
+        positions=pos_t.t,
         num_prefill_rows=num_prefill,
         num_prefill_tokens=cu[num_prefill],
-        prefill_cu_seqlens=torch.tensor(cu[:num_prefill + 1], dtype=torch.int32, **to),
-        prefill_slots=torch.tensor([r.state_slot for r in prefill], dtype=torch.int64, **to),
+        prefill_seqlens=lens[:num_prefill],
+        prefill_cu_seqlens=prefill_cu.t,
+        prefill_slots=prefill_slots.t,
         prefill_all_fresh=all(r.start_pos == 0 for r in prefill),
         capture_offsets=captures if any(captures) else None,
-        decode_slots=torch.tensor([r.state_slot for r in ordered[num_prefill:]], dtype=torch.int64, **to),
+        decode_slots=decode_slots.t,
         attention=PagedAttentionInputs(
-            slot_mapping=torch.cat(slot_mapping).to(**to),
-            block_tables=torch.stack(tables).to(dtype=torch.int32, **to),
-            seq_lens=torch.tensor([r.end_pos for r in ordered], dtype=torch.int32, **to),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, **to),
+            slot_mapping=slot_t.t,
+            block_tables=block_tables.t,
+            seq_lens=seq_lens.t,
+            cu_seqlens_q=cu_q.t,
+            plan=attn_plan,
         ),
-        logit_index=torch.cat(logit_index).to(**to),
+        logit_index=logit_idx.t,
         logit_counts=counts,
+        ssd_plan=ssd_plan,
+        conv_plan=conv_plan,
+        buffer=buffer,
     )

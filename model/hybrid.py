@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from kernels.checks import require
-from model.attention import Attention
+from model.attention import Attention, PagedAttentionInputs
 from model.backends import Backend, get_backend
-from model.batch import BatchOutput, SequenceChunk, pack_rows, validate_rows
+from model.batch import BatchOutput, SequenceChunk, StepPlanners, pack_rows, validate_rows
 from model.cache import ModelCache, SSMState
 from model.config import MIXER_LAYER_TYPES, HybridConfig
 from model.families import get_family
@@ -157,7 +157,7 @@ class HybridLM(nn.Module):
         if cache.config != self.config or cache.device != self.device or cache.dtype != self.dtype:
             raise ValueError("cache: allocated for another model, dtype or device (use model.allocate_cache)")
         validate_rows(rows, cache, self.config.vocab_size)
-        batch = pack_rows(rows, cache.block_size, self.device)
+        batch = pack_rows(rows, cache.block_size, self.device, self._step_planners(cache))
         for row in batch.rows:
             if row.start_pos == 0:
                 cache.reset_state(row.state_slot)
@@ -184,6 +184,48 @@ class HybridLM(nn.Module):
             out.captured[caller] = snapshots[internal]
         return out
 
+    @torch.no_grad()
+    def forward_decode_rows(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                            attention: PagedAttentionInputs, cache: ModelCache) -> torch.Tensor:
+        """One token a row, every row a decode: (B,) ids, positions, state slots -> (B, vocab) logits.
+
+        The fixed-shape step a CUDA graph captures (`model.decode_graph`): nothing here reads a
+        tensor on the host or allocates by data. A row with slot -1 (and slot_mapping -1, seq_len 0)
+        is a pad row: it reads and writes no state. Needs the triton backend (pad slots)."""
+        h = self._embed(token_ids)
+        cos, sin = self._rope(positions, h.dtype)
+        for i, layer in enumerate(self.layers):
+            if layer.kind == "attention":
+                h = layer(h, lambda x: layer.self_attn.forward_paged(
+                    x, cos, sin, cache.key_cache[i], cache.value_cache[i], attention, self.ops))
+            elif layer.kind == "mamba":
+                h = layer(h, lambda x: layer.mamba.forward_decode(
+                    x, self.ops, conv_pool=cache.conv_pool[i], ssm_pool=cache.ssm_pool[i], slot_idx=slots,
+                    check_slots=False, pad_slots=True))
+            else:
+                h = layer(h, None)
+        return self._head(h)
+
+    def _step_planners(self, cache: ModelCache) -> StepPlanners:
+        """The backend's kernel plans for one step, over the step's host integers (once per step,
+        shared by every layer)."""
+        ops, cfg = self.ops, self.config
+        ssd = conv = attn = None
+        if ops.plan_ssd_scan is not None:
+            chunk = cfg.mamba_chunk_size if ops.scan_chunk_from_config else None
+
+            def ssd(seqlens, offsets, tables):
+                return ops.plan_ssd_scan(seqlens, offsets, chunk, tables)
+        if ops.plan_causal_conv1d is not None:
+            conv = ops.plan_causal_conv1d
+        if ops.plan_paged_attention is not None and cfg.attn_layer_indices:
+            def attn(q_lens, seq_lens, max_blocks):
+                return ops.plan_paged_attention(
+                    q_lens, seq_lens, num_q_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
+                    head_dim=cfg.head_dim, block_size=cache.block_size, max_blocks=max_blocks, dtype=self.dtype,
+                    device=self.device, scale=cfg.softmax_scale)
+        return StepPlanners(ssd, conv, attn)
+
     def _mamba_rows(self, i: int, mixer: Mamba2Mixer, x: torch.Tensor, batch, cache: ModelCache,
                     captured: dict[int, MixerStates]) -> torch.Tensor:
         """Prefill rows through the varlen conv/scan (states from and back to the pools), decode
@@ -193,16 +235,21 @@ class HybridLM(nn.Module):
         parts = []
         if batch.num_prefill_rows:
             slots = batch.prefill_slots
-            initial = None if batch.prefill_all_fresh else MixerStates(conv_pool[slots], ssm_pool[slots])
+            in_pool = self.ops.scan_state_pool  # the scan reads/writes ssm_pool[slots] itself
+            initial = None if batch.prefill_all_fresh else MixerStates(
+                conv_pool[slots], None if in_pool else ssm_pool[slots])
+            pool = dict(ssm_pool=ssm_pool, ssm_slots=slots) if in_pool else {}
             y, final, caps = mixer(x[:Tp], self.ops, cu_seqlens=batch.prefill_cu_seqlens, initial=initial,
-                                   capture_offsets=batch.capture_offsets)
+                                   capture_offsets=batch.capture_offsets, conv_plan=batch.conv_plan,
+                                   ssd_plan=batch.ssd_plan, **pool)
             conv_pool[slots] = final.conv.to(conv_pool.dtype)
-            ssm_pool[slots] = final.ssm
+            if not in_pool:
+                ssm_pool[slots] = final.ssm
             captured[i] = caps
             parts.append(y)
         if Tp < x.shape[0]:
             parts.append(mixer.forward_decode(x[Tp:], self.ops, conv_pool=conv_pool, ssm_pool=ssm_pool,
-                                              slot_idx=batch.decode_slots))
+                                              slot_idx=batch.decode_slots, check_slots=False))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _snapshots(self, batch, captured: dict[int, MixerStates]) -> list[list[SSMState]]:

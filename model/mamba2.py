@@ -70,30 +70,44 @@ class Mamba2Mixer(nn.Module):
 
     # paths -----------------------------------------------------------------------------------------
     def forward(self, hidden: torch.Tensor, ops, *, cu_seqlens: torch.Tensor, initial: MixerStates | None = None,
-                capture_offsets: list[list[int]] | None = None):
+                capture_offsets: list[list[int]] | None = None, conv_plan=None, ssd_plan=None, ssm_pool=None,
+                ssm_slots=None):
         """Packed sequences (T, hidden) -> (out (T, hidden), final MixerStates (S, ...), captured MixerStates (K, ...)).
 
         `initial` None means every sequence starts from zero state; captured states are packed by
-        sequence, then offset, in the order the kernels return them.
+        sequence, then offset, in the order the kernels return them. `conv_plan`/`ssd_plan`: the
+        step's host-built kernel plans (`model.batch.pack_rows`), None to let the ops plan.
+        `ssm_pool`/`ssm_slots` (backends with `scan_state_pool`): the SSM states are read from and
+        written back to the pool by the scan itself; `initial.ssm` is then unused and the final
+        MixerStates' ssm is the pool.
         """
         gate, xbc, dt = self._split_projection(hidden)
         xbc, conv_final, conv_captured = ops.causal_conv1d(
             xbc, self.conv1d.weight.squeeze(1), self.conv1d.bias, cu_seqlens=cu_seqlens,
             initial_states=None if initial is None else initial.conv, capture_offsets=capture_offsets,
-            activation="silu")
+            activation="silu", **({} if conv_plan is None else {"plan": conv_plan}))
         x, B, C = self._ssm_inputs(xbc)
         chunk = {"chunk_size": self.chunk_size} if ops.scan_chunk_from_config else {}
+        if ssd_plan is not None:
+            chunk["plan"] = ssd_plan
+        if ssm_pool is not None:
+            chunk.update(state_pool=ssm_pool, state_slots=ssm_slots)
+            initial = None if initial is None else MixerStates(initial.conv, None)
         y, ssm_final, ssm_captured = ops.ssd_scan(
             x, dt, self._A(), B, C, cu_seqlens=cu_seqlens, initial_states=None if initial is None else initial.ssm,
             capture_offsets=capture_offsets, **self._ssm_kwargs(), **chunk)
         return self._output(y, gate), MixerStates(conv_final, ssm_final), MixerStates(conv_captured, ssm_captured)
 
     def forward_decode(self, hidden: torch.Tensor, ops, *, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
-                       slot_idx: torch.Tensor) -> torch.Tensor:
-        """One token per sequence (S, hidden); conv_pool/ssm_pool rows `slot_idx` are advanced in place."""
+                       slot_idx: torch.Tensor, check_slots: bool = True, **pad) -> torch.Tensor:
+        """One token per sequence (S, hidden); conv_pool/ssm_pool rows `slot_idx` are advanced in place.
+        `check_slots=False`: the slots were checked on the host (no device read); `pad_slots=True`
+        (triton backend): -1 marks a pad row."""
         gate, xbc, dt = self._split_projection(hidden)
         xbc = ops.conv1d_decode_step(xbc, conv_state_pool=conv_pool, weight=self.conv1d.weight.squeeze(1),
-                                     bias=self.conv1d.bias, slot_idx=slot_idx, activation="silu")
+                                     bias=self.conv1d.bias, slot_idx=slot_idx, activation="silu",
+                                     check_slots=check_slots, **pad)
         x, B, C = self._ssm_inputs(xbc)
-        y = ops.ssd_decode_step(x, dt, self._A(), B, C, state_pool=ssm_pool, slot_idx=slot_idx, **self._ssm_kwargs())
+        y = ops.ssd_decode_step(x, dt, self._A(), B, C, state_pool=ssm_pool, slot_idx=slot_idx,
+                                check_slots=check_slots, **self._ssm_kwargs(), **pad)
         return self._output(y, gate)

@@ -65,3 +65,18 @@ def test_registry_covers_what_the_model_launches(rows):
         assert has(f"kv_cache_write/{dtype}/d128")
     assert has("paged_attention/prefill/fp32/d64/g4/") and has("paged_attention/prefill/fp32/d16/g2/")  # small, tiny
     assert has("/bs256/") and has("paged_attention_merge/")
+
+
+def test_prefill_variants_use_wgmma_on_sm90(rows):
+    """bf16/fp16 prefill tiles (128 or 64 rows) are Hopper warpgroup MMAs on sm_90; every attention
+    variant uses tensor cores (mma.sync on sm_80 and for the 16-row decode tiles)."""
+    results, table = rows
+    prefill = [r for r in results if r["variant"].startswith(("paged_attention/prefill/bf16/",
+                                                              "paged_attention/prefill/fp16/"))]
+    assert prefill
+    for r in prefill:
+        if r["arch"] == "sm_90":
+            assert r["wgmma"], f"{r['variant']}: no wgmma on sm_90\n{table}"
+    for r in results:
+        if r["variant"].startswith("paged_attention/"):
+            assert r["mma"], f"{r['variant']} {r['arch']}: no tensor-core MMA\n{table}"

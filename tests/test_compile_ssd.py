@@ -35,4 +35,14 @@ def test_ssm_kernels_compile_without_spills(tmp_path):
         assert r["ok"], f"{r['variant']} {r['arch']} failed: {r['error'][:500]}"
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, f"{r['variant']} {r['arch']} spills\n{table}"
         assert r["local_bytes"] == 0, f"{r['variant']} {r['arch']} uses local memory\n{table}"
+    # runtime-like builds: the stages the launches pass, and Hopper MMAs in the 16-bit matmul stages
+    for r in rows:
+        want = 2 if r["variant"].startswith("ssm/ssd_scan/chunk_scan/fp32/") else 3
+        assert r["num_stages"] == want, f"{r['variant']}: built with {r['num_stages']} stages, runs with {want}"
+    for stage in ("bmm", "chunk_state", "chunk_scan"):
+        for dtype in ("bf16", "fp16"):
+            hits = [r for r in rows if r["variant"].startswith(f"ssm/ssd_scan/{stage}/{dtype}/")]
+            assert hits and all(r["mma"] for r in hits), f"{stage} {dtype}: no tensor-core MMA\n{table}"
+            assert all(r["wgmma"] for r in hits if r["arch"] == "sm_90"), f"{stage} {dtype}: no wgmma on sm_90\n{table}"
+            assert not any(r["wgmma"] for r in hits if r["arch"] == "sm_80"), "wgmma on sm_80?"
     assert proc.returncode == 0, table

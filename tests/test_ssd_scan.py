@@ -173,3 +173,25 @@ def test_rejects_before_launch(change, arg, monkeypatch):
     monkeypatch.setattr(ssd_mod, "_empty", no_launch)
     with pytest.raises(ValueError, match=arg):
         ssd_scan(**{**inp, **change})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_states_through_pool_slots(dtype):
+    """Initial states read from and final states written to a state pool through slots, in the
+    launch: equal to the scan with gathered initial states; no other slot touched."""
+    lens, H, P, G, N = [37, 0, 20, 5], 4, 8, 2, 16
+    inp = make_ssd_inputs(lens, H, P, G, N, dtype=dtype, seed=7, device=DEVICE)
+    offs = [[16, 30], [], [3], []]
+    ref = ssd_scan_sequential(**inp, capture_offsets=offs)
+    pool = torch.full((7, H, P, N), float("nan"), device=DEVICE)
+    slots = torch.tensor([5, 0, 2, 6], dtype=torch.int32, device=DEVICE)
+    pool[slots.long()] = inp["initial_states"]
+    kw = {k: v for k, v in inp.items() if k != "initial_states"}
+    out = ssd_scan(**kw, capture_offsets=offs, chunk_size=16, state_pool=pool, state_slots=slots)
+    assert out.final_states is pool
+    assert_close(out.y, ref.y, dtype, "y")
+    assert_close(pool[slots.long()], ref.final_states, dtype, "final states in their slots")
+    assert_close(out.captured_states, ref.captured_states, dtype, "captured")
+    assert torch.isnan(pool[[1, 3, 4]]).all(), "a slot no sequence owns was written"
+    with pytest.raises(ValueError, match="initial_states"):
+        ssd_scan(**inp, chunk_size=16, state_pool=pool, state_slots=slots)

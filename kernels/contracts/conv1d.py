@@ -43,20 +43,22 @@ def check_conv_inputs(x, weight):
     return L, D, W
 
 
-def check_conv1d_args(x, weight, bias, cu_seqlens, initial_states, capture_offsets, activation):
-    """All checks of `causal_conv1d`; returns (seqlens, offsets)."""
+def check_conv1d_args(x, weight, bias, cu_seqlens, initial_states, capture_offsets, activation, seqlens=None):
+    """All checks of `causal_conv1d`; returns (seqlens, offsets). `seqlens`: host lengths from a
+    plan (no read of cu_seqlens, see `check_seqlens`)."""
     T, D, W = check_conv_inputs(x, weight)
     dev = x.device
     if bias is not None:
         check_tensor("bias", bias, (D,), device=dev)
     check_activation(activation)
-    seqlens = check_seqlens(cu_seqlens, T, dev)
+    seqlens = check_seqlens(cu_seqlens, T, dev, seqlens)
     if initial_states is not None:
         check_tensor("initial_states", initial_states, (len(seqlens), D, W - 1), (x.dtype,), dev)
     return seqlens, check_capture_offsets(capture_offsets, seqlens)
 
 
-def check_conv1d_decode_args(x, conv_state_pool, weight, bias, slot_idx, activation, slots_checked=True):
+def check_conv1d_decode_args(x, conv_state_pool, weight, bias, slot_idx, activation, slots_checked=True,
+                             pad_slots=False):
     """All checks of `causal_conv1d_decode_step`."""
     S, D, W = check_conv_inputs(x, weight)
     dev = x.device
@@ -66,4 +68,4 @@ def check_conv1d_decode_args(x, conv_state_pool, weight, bias, slot_idx, activat
     check_tensor("slot_idx", slot_idx, (S,), INDEX_DTYPES, dev)
     check_activation(activation)
     if slots_checked:
-        check_slot_idx(slot_idx, conv_state_pool.shape[0], S)
+        check_slot_idx(slot_idx, conv_state_pool.shape[0], S, pad_slots)

@@ -68,8 +68,10 @@ def check_kv_cache_write_args(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    read_slots: bool = True,
 ) -> None:
-    """Raise `ValueError` unless the arguments of `write_kv_cache` are valid (one host sync)."""
+    """Raise `ValueError` unless the arguments of `write_kv_cache` are valid. The slot range is read
+    on the host (one sync) only with `read_slots`."""
     check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping)
     if key.dtype not in FLOAT_DTYPES:
         raise ValueError(f"key dtype {key.dtype} not supported: use one of {FLOAT_DTYPES}")
@@ -89,14 +91,14 @@ def check_kv_cache_write_args(
         raise ValueError(f"slot_mapping must be ({key.shape[0]},), got shape {tuple(slot_mapping.shape)}")
     if slot_mapping.dtype not in INDEX_DTYPES:
         raise ValueError(f"slot_mapping dtype {slot_mapping.dtype} must be int32 or int64")
-    if slot_mapping.numel():
+    if read_slots and slot_mapping.numel():
         lo, hi = (int(x) for x in torch.stack([slot_mapping.min(), slot_mapping.max()]).tolist())
         num_slots = num_blocks * block_size
         if lo < -1 or hi >= num_slots:
             raise ValueError(f"slot_mapping values must lie in -1..{num_slots - 1} (-1 = skip), got {lo}..{hi}")
 
 
-def check_paged_attention_args(
+def check_paged_attention_shapes(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -104,11 +106,8 @@ def check_paged_attention_args(
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     out: torch.Tensor | None = None,
-) -> PagedAttentionMeta:
-    """Raise `ValueError` unless the arguments of `paged_attention` are valid; return host facts.
-
-    Reads `seq_lens`, `cu_seqlens_q` and a flag for bad block ids on the host: one device-to-host copy.
-    """
+) -> None:
+    """The checks of `check_paged_attention_args` that read no tensor data: devices, dtypes, shapes."""
     tensors = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
                    seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q)
     if out is not None:
@@ -141,6 +140,25 @@ def check_paged_attention_args(
     if block_tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables must have num_seqs = {num_seqs} rows, got {block_tables.shape[0]}")
 
+
+def check_paged_attention_args(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> PagedAttentionMeta:
+    """Raise `ValueError` unless the arguments of `paged_attention` are valid; return host facts.
+
+    Reads `seq_lens`, `cu_seqlens_q` and a flag for bad block ids on the host: one device-to-host copy.
+    """
+    check_paged_attention_shapes(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
+    num_blocks, block_size = key_cache.shape[:2]
+    num_tokens = query.shape[0]
+    num_seqs = seq_lens.shape[0]
+
     # Only the blocks a sequence uses must hold valid ids; the rest of a row is never read.
     cols = torch.arange(block_tables.shape[1], device=seq_lens.device)
     used = cols[None, :] < (seq_lens[:, None].long() + block_size - 1) // block_size
@@ -166,3 +184,24 @@ def check_paged_attention_args(
     if bad_id:
         raise ValueError(f"block_tables holds a block id outside 0..{num_blocks - 1} in a column its sequence uses")
     return PagedAttentionMeta(num_seqs, q_lens, lens, cu, max(q_lens, default=0), max_seq_len)
+
+
+def host_paged_attention_meta(q_lens, seq_lens, block_size: int, max_blocks: int) -> PagedAttentionMeta:
+    """The host facts of a call built from the step's Python ints (no device read), with the checks
+    `check_paged_attention_args` makes on the device tensors' values."""
+    q_lens, lens = [int(q) for q in q_lens], [int(n) for n in seq_lens]
+    if len(q_lens) != len(lens) or not lens:
+        raise ValueError(f"q_lens and seq_lens must be non-empty and equally long, got {len(q_lens)} and {len(lens)}")
+    for s, (q_len, seq_len) in enumerate(zip(q_lens, lens)):
+        if q_len < 0:
+            raise ValueError(f"cu_seqlens_q must be non-decreasing; sequence {s} has q_len {q_len}")
+        if not q_len <= seq_len:
+            raise ValueError(f"seq_lens[{s}] = {seq_len} must be >= its q_len = {q_len}")
+    max_seq_len = max(lens)
+    if -(-max_seq_len // block_size) > max_blocks:
+        raise ValueError(f"block_tables has {max_blocks} columns but a sequence of {max_seq_len} needs "
+                         f"{-(-max_seq_len // block_size)} blocks of {block_size}")
+    cu = [0]
+    for q in q_lens:
+        cu.append(cu[-1] + q)
+    return PagedAttentionMeta(len(lens), q_lens, lens, cu, max(q_lens), max_seq_len)

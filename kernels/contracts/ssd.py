@@ -56,8 +56,10 @@ def check_mixer_inputs(x, dt, A, B, C):
     return L, H, P, G, N
 
 
-def check_ssd_scan_args(x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets):
-    """All checks of `ssd_scan`; returns (seqlens, offsets, (lo, hi))."""
+def check_ssd_scan_args(x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets,
+                        seqlens=None):
+    """All checks of `ssd_scan`; returns (seqlens, offsets, (lo, hi)). `seqlens`: host lengths
+    from a plan (no read of cu_seqlens, see `check_seqlens`)."""
     T, H, P, G, N = check_mixer_inputs(x, dt, A, B, C)
     dev = x.device
     if D is not None:
@@ -65,7 +67,7 @@ def check_ssd_scan_args(x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initia
     if dt_bias is not None:
         check_tensor("dt_bias", dt_bias, (H,), device=dev)
     limit = check_dt_limit(dt_limit)
-    seqlens = check_seqlens(cu_seqlens, T, dev)
+    seqlens = check_seqlens(cu_seqlens, T, dev, seqlens)
     S = len(seqlens)
     if initial_states is not None:
         check_tensor("initial_states", initial_states, (S, H, P, N), (torch.float32,), dev)
@@ -73,7 +75,8 @@ def check_ssd_scan_args(x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initia
     return seqlens, offsets, limit
 
 
-def check_ssd_decode_args(x, dt, A, B, C, state_pool, slot_idx, D, dt_bias, dt_limit, slots_checked=True):
+def check_ssd_decode_args(x, dt, A, B, C, state_pool, slot_idx, D, dt_bias, dt_limit, slots_checked=True,
+                          pad_slots=False):
     """All checks of `ssd_decode_step`; returns (lo, hi)."""
     S, H, P, G, N = check_mixer_inputs(x, dt, A, B, C)
     dev = x.device
@@ -85,7 +88,7 @@ def check_ssd_decode_args(x, dt, A, B, C, state_pool, slot_idx, D, dt_bias, dt_l
         check_tensor("dt_bias", dt_bias, (H,), device=dev)
     limit = check_dt_limit(dt_limit)
     if slots_checked:
-        check_slot_idx(slot_idx, state_pool.shape[0], S)
+        check_slot_idx(slot_idx, state_pool.shape[0], S, pad_slots)
     return limit
 
 

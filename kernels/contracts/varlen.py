@@ -16,19 +16,42 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from kernels.checks import require
+from kernels.checks import debug_checks, require
 from kernels.contracts.tensors import INDEX_DTYPES, check_tensor
 
 
-def check_seqlens(cu_seqlens, total_tokens: int, device) -> list[int]:
-    """Validates `cu_seqlens` (S+1,) int32/int64, 0 .. T, non-decreasing; returns the lengths."""
+def check_seqlens(cu_seqlens, total_tokens: int, device, seqlens: Sequence[int] | None = None) -> list[int]:
+    """Validates `cu_seqlens` (S+1,) int32/int64, 0 .. T, non-decreasing; returns the lengths.
+
+    Without `seqlens` it reads `cu_seqlens` on the host (one sync). With `seqlens` (the step's
+    host metadata, e.g. a plan's) it checks those and the tensor's shape only, and reads the
+    tensor back to compare just when the debug switch (`kernels.checks.debug_checks`) is on."""
     check_tensor("cu_seqlens", cu_seqlens, (None,), INDEX_DTYPES, device)
     require(cu_seqlens.numel() >= 2, "cu_seqlens", "needs at least 2 entries (S+1 with S >= 1)")
+    if seqlens is not None:
+        lens = list(seqlens)
+        require(cu_seqlens.numel() == len(lens) + 1, "cu_seqlens",
+                f"expected {len(lens) + 1} entries for the plan's {len(lens)} sequences, got {cu_seqlens.numel()}")
+        require(min(lens) >= 0 and sum(lens) == total_tokens, "seqlens",
+                f"the plan's lengths must be >= 0 and sum to T={total_tokens}, got {lens}")
+        if debug_checks():
+            cu = cu_seqlens.tolist()
+            require([b - a for a, b in zip(cu[:-1], cu[1:])] == lens and cu[0] == 0, "cu_seqlens",
+                    f"does not match the plan's lengths {lens}: got {cu}")
+        return lens
     cu = cu_seqlens.tolist()  # one host sync: the chunk table is built on the host anyway
     require(cu[0] == 0 and cu[-1] == total_tokens, "cu_seqlens",
             f"must start at 0 and end at T={total_tokens}, got {cu[0]} .. {cu[-1]}")
     lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
     require(min(lens) >= 0, "cu_seqlens", "must be non-decreasing")
+    return lens
+
+
+def check_host_seqlens(seqlens: Sequence[int]) -> list[int]:
+    """Host lengths of a plan: a non-empty list of ints >= 0."""
+    lens = list(seqlens)
+    require(len(lens) >= 1 and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in lens),
+            "seqlens", f"expected a non-empty list of ints >= 0, got {lens}")
     return lens
 
 
@@ -53,14 +76,19 @@ def check_capture_offsets(capture_offsets, seqlens: Sequence[int]) -> list[list[
     return out
 
 
-def check_slot_idx(slot_idx, num_slots: int, count: int) -> None:
-    """Slots in range and distinct. Reads slot_idx on the host: one sync, which a caller inside a
-    CUDA graph skips with `check_slots=False`."""
+def check_slot_idx(slot_idx, num_slots: int, count: int, pad_slots: bool = False) -> None:
+    """Slots in range and distinct; with `pad_slots`, -1 (a padded row: nothing read or written)
+    is allowed too, any number of times. Reads slot_idx on the host: one sync, so callers with
+    host-checked slots (the model's step metadata, a CUDA graph) skip it unless the debug
+    switch is on."""
     if count == 0:
         return
     lo, hi = int(slot_idx.min()), int(slot_idx.max())
-    require(0 <= lo and hi < num_slots, "slot_idx", f"slots must lie in 0 .. {num_slots - 1}, got {lo} .. {hi}")
-    require(torch.unique(slot_idx).numel() == count, "slot_idx",
+    low = -1 if pad_slots else 0
+    require(low <= lo and hi < num_slots, "slot_idx",
+            f"slots must lie in {low} .. {num_slots - 1}{' (-1 = pad)' if pad_slots else ''}, got {lo} .. {hi}")
+    real = slot_idx[slot_idx >= 0] if pad_slots else slot_idx
+    require(torch.unique(real).numel() == real.numel(), "slot_idx",
             "slots must be distinct (two sequences cannot update one state)")
 
 

@@ -25,9 +25,12 @@ def write_kv_cache_cpu(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    check_slots: bool = True,
 ) -> None:
-    """Write token ``t``'s K/V (``(T, num_kv_heads, head_dim)``) into slot ``slot_mapping[t]``; -1 skips."""
-    check_kv_cache_write_args(key, value, key_cache, value_cache, slot_mapping)
+    """Write token ``t``'s K/V (``(T, num_kv_heads, head_dim)``) into slot ``slot_mapping[t]``; -1 skips.
+    `check_slots=False`: the slot range was checked on the host (as in `kernels.kv_cache_write`)."""
+    check_kv_cache_write_args(key, value, key_cache, value_cache, slot_mapping, check_slots)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     num_kv_heads, head_dim = key_cache.shape[2:]

@@ -1,0 +1,135 @@
+"""Benchmark one decode step of the whole model on CUDA: CUDA-graph bucket vs eager `forward_batch`.
+
+Bamba-9B shapes (random weights, bf16, triton backend), batch 1/16/64, every row at the same
+context. A step's floor is streaming the weights once: parameter bytes / the copy bandwidth
+measured in the same run (a large device copy). Reported per batch: the median step time of the
+graph replay (`model.decode_graph.DecodeGraphs`) and of the eager `forward_batch`, and the graph's
+ratio to the floor (issue 11's goal: <= 1.15 at batch 1).
+
+Correctness first: the graph step's logits must equal the eager step's within the bf16 tolerance
+on the same inputs, else the batch is not reported and the script exits 1.
+
+    python -m experiments.bench.decode_step --out results/bench_decode_step
+    python -m experiments.bench.decode_step --preset tiny --batches 1,4     # a quick smoke run
+
+On a machine without CUDA it says so and exits 0 without writing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from experiments.results_io import RESULTS, environment, write_json
+from kernels.testing import tolerance
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bytes/s of a large device-to-device copy (read + write counted)."""
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * a.numel() * a.element_size() / statistics.median(times[2:])
+
+
+def time_steps(fn, repeats: int) -> float:
+    """Median seconds of `fn()` over `repeats` timed calls after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="bamba-9b", help="model preset (random weights)")
+    p.add_argument("--batches", default="1,16,64", help="comma-separated decode batch sizes")
+    p.add_argument("--context", type=int, default=4096, help="tokens already in every row's cache")
+    p.add_argument("--block-size", type=int, default=16, help="KV block size")
+    p.add_argument("--repeats", type=int, default=20, help="timed steps per variant (median reported)")
+    p.add_argument("--out", type=Path, default=RESULTS / "bench_decode_step", help="output folder (JSON)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("decode_step: no CUDA device; nothing measured")
+        return 0
+    from model import SequenceChunk, from_preset
+    from model.decode_graph import DecodeGraphs
+
+    torch.manual_seed(0)
+    model = from_preset(args.preset, backend="triton", seed=0, dtype=torch.bfloat16, device="cuda")
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
+    bw = copy_bandwidth()
+    batches = [int(b) for b in args.batches.split(",")]
+    bs = args.block_size
+    blocks_per_row = -(-(args.context + args.repeats + 8) // bs)
+    rows_out, failed = [], False
+    for B in batches:
+        cache = model.allocate_cache(B * blocks_per_row + 1, bs, B)
+        tables = [list(range(1 + r * blocks_per_row, 1 + (r + 1) * blocks_per_row)) for r in range(B)]
+        # The states and KV a decode reads: random, as a prefill would leave them (their values do
+        # not change the time).
+        for layer in cache.ssm_pool:
+            cache.ssm_pool[layer].normal_(0, 0.1)
+            cache.conv_pool[layer].normal_(0, 0.1)
+        for layer in cache.key_cache:
+            cache.key_cache[layer].normal_(0, 1)
+            cache.value_cache[layer].normal_(0, 1)
+        ids = torch.randint(0, model.config.vocab_size, (B,))
+
+        def rows(step):
+            return [SequenceChunk(ids[r:r + 1], args.context + step, tables[r], r) for r in range(B)]
+
+        graphs = DecodeGraphs(model, cache, max_blocks=blocks_per_row, use_graphs=True)
+        eager_cache = copy.deepcopy(cache)
+        got = graphs.forward(rows(0))
+        want = model.forward_batch(rows(0), eager_cache).logits
+        tol = tolerance(torch.bfloat16)
+        ok = all(torch.allclose(g.float(), w.float(), **tol) for g, w in zip(got, want))
+        del eager_cache
+        if not ok:
+            print(f"batch {B}: graph step != eager step; not reported")
+            failed = True
+            continue
+        step = [1]
+
+        def graph_step():
+            graphs.forward(rows(step[0] % args.repeats))
+
+        def eager_step():
+            model.forward_batch(rows(step[0] % args.repeats), cache)
+
+        t_graph = time_steps(graph_step, args.repeats)
+        t_eager = time_steps(eager_step, args.repeats)
+        floor = weight_bytes / bw
+        rows_out.append(dict(batch=B, context=args.context, graph_ms=t_graph * 1e3, eager_ms=t_eager * 1e3,
+                             weight_stream_ms=floor * 1e3, graph_over_floor=t_graph / floor,
+                             eager_over_floor=t_eager / floor))
+        print(rows_out[-1])
+        del graphs, cache
+        torch.cuda.empty_cache()
+    write_json(args.out / "decode_step.json", dict(environment=environment("cuda"), preset=args.preset,
+                                                   weight_bytes=weight_bytes, copy_bandwidth_Bps=bw, rows=rows_out))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
