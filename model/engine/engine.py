@@ -56,10 +56,16 @@ class EngineConfig:
     # request. SGLang keeps a decode state on a fixed token grid for the same reason; this is
     # the block-granular version.
     decode_snapshots: bool = False
+    # The grid those decode-time states sit on (0: the KV block). vLLM keeps them on its padded
+    # block, SGLang on its kernel-chunk grid; a multiple of the KV block, so a match can land there.
+    decode_snapshot_grid: int = 0
 
     def __post_init__(self):
         require(self.capture_mode in CAPTURE_MODES, "capture_mode",
                 f"must be one of {CAPTURE_MODES}, got {self.capture_mode!r}")
+        bs = self.scheduler.block_size
+        require(self.decode_snapshot_grid >= 0 and self.decode_snapshot_grid % bs == 0, "decode_snapshot_grid",
+                f"must be 0 or a multiple of block_size={bs}, got {self.decode_snapshot_grid}")
 
     @classmethod
     def from_settings(cls, **settings: Any) -> "EngineConfig":
@@ -220,10 +226,10 @@ class Engine:
 
         Only decode rows and last prefill chunks: a non-last chunk's end is the planner's business.
         """
-        bs = self.config.scheduler.block_size
+        grid = self.config.decode_snapshot_grid or self.config.scheduler.block_size
         for row in rows:
             end = row.start_pos + row.num_tokens
-            if (row.is_decode or row.plan.is_last) and end % bs == 0:
+            if (row.is_decode or row.plan.is_last) and end % grid == 0:
                 self._boundary_states[row.request.request_id] = (end, self.runner.read_state(row.request.slot))
 
     def _save_boundary_state(self, req: Request) -> None:
