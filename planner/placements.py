@@ -19,6 +19,7 @@ Sources, and what was confirmed:
 from __future__ import annotations
 
 from planner.prefill_plan import (
+    POLICIES,
     ChunkPolicy,
     PlanContext,
     is_checkpoint_chunk_end,
@@ -187,23 +188,9 @@ OURS_PLUS = ChunkPolicy(
            "last block boundary of prompt + reply kept at finish (decode snapshots).",
 )
 
-# ---------------------------------------------------------------- offline optimum
-OPTIMUM = ChunkPolicy(
-    "optimum",
-    chunk_len=lambda o, t, p, ctx: plan_chunk_len(o, t, p, ctx.block_size),
-    saves_snapshot=lambda e, t, ctx: is_checkpoint_chunk_end(e, t, ctx.block_size, ctx.interval),
-    last_captures=lambda o, n, t, ctx: last_chunk_capture_offsets(o, n, t, ctx.block_size),
-    mark_mode="capture",
-    source="offline: every position a later request of the trace will match is captured in-launch by "
-           "the first request that computes it (the request's own `snapshot_marks`, set by a driver that "
-           "knows the trace); with unbounded memory that is the most any placement reaches (every KV "
-           "match restorable), the Sparse Prefix Caching (arXiv 2605.05219) optimum's value. Under a "
-           "budget it keeps LRU eviction: not the paper's dynamic program, so there it is a reference, "
-           "not a bound.",
-)
-
 PEER_POLICIES: dict[str, ChunkPolicy] = {p.name: p for p in (
-    VLLM_ALIGN, VLLM_JUNCTION, SGLANG, TRTLLM, MARCONI, OURS_PLUS, OPTIMUM)}
+    VLLM_ALIGN, VLLM_JUNCTION, SGLANG, TRTLLM, MARCONI, OURS_PLUS)}
+POLICIES.update(PEER_POLICIES)
 
 # What the engine around each plan does: `block` the KV block ("kv": the engine's, "vllm": the
 # padded hybrid block, with the engine's block as the state block for vllm-junction's finer match),
@@ -218,5 +205,4 @@ PLACEMENT_SETTINGS: dict[str, dict] = {
     "trtllm": dict(block="kv", decode_grid=None, eviction="lru"),
     "marconi": dict(block="kv", decode_grid="block", eviction="flop_aware"),
     "ours-plus": dict(block="kv", decode_grid="block", eviction="lru"),
-    "optimum": dict(block="kv", decode_grid="block", eviction="lru"),
 }

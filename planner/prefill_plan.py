@@ -266,7 +266,5 @@ def plan_prompt(
     return plans
 
 
-# The peers' placements register themselves here (planner.placements imports this module's rules).
-from planner.placements import PEER_POLICIES  # noqa: E402
-
-POLICIES.update(PEER_POLICIES)
+# The peers' placements (built from this module's rules) add themselves to POLICIES on import.
+import planner.placements  # noqa: E402,F401

@@ -201,12 +201,15 @@ class Engine:
     def _sample_and_save(self, rows: list[ScheduledRow], result: BatchOutput) -> dict[str, int | None]:
         """Save each prefill row's snapshots; greedy-sample rows that produce a token (None mid-prompt)."""
         sampled: dict[str, int | None] = {}
-        for row, row_logits, row_captured in zip(rows, result.logits, result.captured):
+        forced = result.next_tokens or [None] * len(rows)
+        for row, row_logits, row_captured, token in zip(rows, result.logits, result.captured, forced):
             req = row.request
             if not row.is_decode:
                 self._save_snapshots(row, row_captured)
             produces_token = row.is_decode or row.plan.is_last
-            sampled[req.request_id] = int(torch.argmax(row_logits)) if produces_token else None
+            if produces_token and token is None:
+                token = int(torch.argmax(row_logits))
+            sampled[req.request_id] = token if produces_token else None
             if produces_token and not row.is_decode and self.config.keep_prompt_logits:
                 self.prompt_logits[req.request_id] = row_logits.detach().clone()
         return sampled
