@@ -18,7 +18,7 @@ from experiments import sweep_parts
 from experiments.flags import name_list, shard_spec
 from experiments.results_io import environment, log, write_json
 from experiments.traces.cost import SHAPES, ShapeCost
-from experiments.traces.sweep import NAME, measure_point, points_for, summarize, write_ttfts
+from experiments.traces.sweep import NAME, load_requests, measure_point, points_for, summarize, write_ttfts
 from experiments.workloads import READINGS, WORKLOADS
 from planner.placements import PLACEMENT_SETTINGS
 
@@ -44,6 +44,8 @@ def budget_list(text: str) -> list[float | None]:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m experiments.traces", description=__doc__.split("\n")[0])
     ap.add_argument("--trace", required=True, choices=[w for w in WORKLOADS], help="the workload")
+    ap.add_argument("--trace-file", type=Path, default=None,
+                    help="a Mooncake-format .jsonl(.gz) read instead of the vendored file of a mooncake trace")
     ap.add_argument("--reading", type=name_list(READINGS), default=None,
                     help="comma-separated readings (Mooncake: as-given, chains; default as-given; sharegpt: chains)")
     ap.add_argument("--policies", type=name_list(sorted(PLACEMENT_SETTINGS)), required=True,
@@ -73,19 +75,25 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{flag}: must be >= 1, got {v}")
     if not (args.kv_pool_gb > 0 and args.time_scale > 0):
         ap.error("--kv-pool-gb and --time-scale must be > 0")
+    if args.trace_file is not None and not args.trace.startswith("mooncake"):
+        ap.error("--trace-file: only for the mooncake traces")
     readings = args.reading or (["chains"] if args.trace == "sharegpt" else ["as-given"])
     points = points_for(args.trace, readings, args.policies, args.budget_gb)
     config = {"trace": args.trace, "shape": args.shape, "limit": args.limit, "prefill_budget": args.prefill_budget,
-              "max_batch_size": args.max_batch_size, "kv_pool_gb": args.kv_pool_gb, "time_scale": args.time_scale}
+              "max_batch_size": args.max_batch_size, "kv_pool_gb": args.kv_pool_gb, "time_scale": args.time_scale,
+              "trace_file": None if args.trace_file is None else str(args.trace_file)}
     if not args.merge:
         spec = args.shard or (0, 1)
+        try:  # a bad trace fails here, naming file:line and field, before any part is written
+            for reading in readings:
+                load_requests(args.trace, reading, args.limit, config["trace_file"])
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
 
         def measure(i: int, point: dict) -> list[dict]:
             log(f"point {i}: {point['reading']} {point['policy']} budget {point['budget_gb']} GB")
-            try:
-                row = measure_point(point, config)
-            except ValueError as err:  # a bad trace: named file:line and field
-                raise SystemExit(f"error: {err}") from None
+            row = measure_point(point, config)
             log(f"  kv {row['kv_hit_tokens']} ssm {row['ssm_hit_tokens']} replayed {row['replayed_tokens']} "
                 f"in {row['wall_s']:.0f} s")
             return [{"point": i, "row": 0, **row}]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from experiments.traces.simulate import SimConfig, simulate
-from experiments.workloads import open_workload
+from experiments.workloads import MooncakeTrace, open_workload
 from experiments.workloads.request import WorkloadRequest
 
 NAME = "traces"
@@ -21,8 +21,12 @@ METRICS = ("kv_hit_tokens", "ssm_hit_tokens", "lost_tokens", "replayed_tokens", 
 
 
 @functools.lru_cache(maxsize=4)
-def load_requests(trace: str, reading: str, limit: int | None) -> tuple[WorkloadRequest, ...]:
-    """The first `limit` requests of a trace in a reading (bad lines raise naming file:line and field)."""
+def load_requests(trace: str, reading: str, limit: int | None, trace_file: str | None = None
+                  ) -> tuple[WorkloadRequest, ...]:
+    """The first `limit` requests of a trace in a reading; `trace_file`: a Mooncake-format file read
+    instead of the named trace. A bad line raises ValueError naming file:line and the field."""
+    if trace_file is not None:
+        return tuple(MooncakeTrace(trace_file, reading).requests(limit=limit))
     return tuple(open_workload(trace, reading).requests(limit=limit))
 
 
@@ -34,7 +38,7 @@ def points_for(trace: str, readings: Sequence[str], policies: Sequence[str],
 
 def measure_point(point: dict, config: dict) -> dict:
     """One simulated run: the row of metrics, with the per-request TTFTs for the CDF."""
-    requests = load_requests(point["trace"], point["reading"], config["limit"])
+    requests = load_requests(point["trace"], point["reading"], config["limit"], config.get("trace_file"))
     cfg = SimConfig(point["policy"], shape=config["shape"], budget_gb=point["budget_gb"],
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
                     kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"])
