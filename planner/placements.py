@@ -188,8 +188,21 @@ OURS_PLUS = ChunkPolicy(
            "last block boundary of prompt + reply kept at finish (decode snapshots).",
 )
 
+# ---------------------------------------------------------------- offline optimum
+OPTIMUM = ChunkPolicy(
+    "optimum",
+    chunk_len=OURS_PLUS.chunk_len, saves_snapshot=OURS_PLUS.saves_snapshot, last_captures=OURS_PLUS.last_captures,
+    marks=_junction, mark_mode="capture",
+    source="offline: ours-plus, plus in-launch captures at every position a later request of the trace "
+           "will match, in the prefill of the first request that computes it (the request's "
+           "`snapshot_marks`, set by a driver that knows the trace: experiments.traces.oracle). With "
+           "unbounded memory that restores every KV match, the most any placement reaches (the "
+           "Sparse Prefix Caching, arXiv 2605.05219, optimum's value there); under a budget it keeps "
+           "LRU eviction, not that paper's dynamic program, so it is a reference, not a bound.",
+)
+
 PEER_POLICIES: dict[str, ChunkPolicy] = {p.name: p for p in (
-    VLLM_ALIGN, VLLM_JUNCTION, SGLANG, TRTLLM, MARCONI, OURS_PLUS)}
+    VLLM_ALIGN, VLLM_JUNCTION, SGLANG, TRTLLM, MARCONI, OURS_PLUS, OPTIMUM)}
 POLICIES.update(PEER_POLICIES)
 
 # What the engine around each plan does: `block` the KV block ("kv": the engine's, "vllm": the
@@ -205,4 +218,5 @@ PLACEMENT_SETTINGS: dict[str, dict] = {
     "trtllm": dict(block="kv", decode_grid=None, eviction="lru"),
     "marconi": dict(block="kv", decode_grid="block", eviction="flop_aware"),
     "ours-plus": dict(block="kv", decode_grid="block", eviction="lru"),
+    "optimum": dict(block="kv", decode_grid="block", eviction="lru", oracle=True),
 }

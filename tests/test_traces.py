@@ -204,3 +204,17 @@ def test_command_names_a_bad_line(tmp_path, capsys):
                  "--out", str(tmp_path / "o")]) == 1
     assert f"{bad}:2 hash_ids: has 1 ids" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_optimum_marks_restore_every_match_on_a_slice(tmp_path):
+    from experiments.traces.oracle import optimum_marks
+
+    path = _scaled_trace(tmp_path, n=60, scale=16)
+    requests = list(MooncakeTrace(path, "chains").requests())
+    marks = optimum_marks(requests)
+    assert marks and all(0 < m < requests[i].prompt_len for i, ms in marks.items() for m in ms)
+    cfg = dict(prefill_budget=512, max_batch_size=4, kv_pool_gb=1.0)
+    best = simulate(requests, SimConfig("optimum", **cfg), marks)["metrics"]
+    ours = simulate(requests, SimConfig("ours-plus", **cfg))["metrics"]
+    assert best["kv_hit_tokens"] > 0 and best["ssm_hit_tokens"] == best["kv_hit_tokens"]
+    assert best["ssm_hit_tokens"] >= ours["ssm_hit_tokens"]

@@ -33,7 +33,7 @@ _MASK = (1 << 64) - 1
 _NO_LOGITS = torch.zeros(1)
 
 
-class _Powers:
+class Powers:
     """P**k modulo 2**64 and the inverse powers, grown on demand."""
 
     def __init__(self):
@@ -53,7 +53,7 @@ class _Powers:
         return self.up, self.down
 
 
-def prefix_hashes_from(h0: int, tokens: np.ndarray, powers: _Powers) -> np.ndarray:
+def prefix_hashes_from(h0: int, tokens: np.ndarray, powers: Powers) -> np.ndarray:
     """Rolling hashes after each token: h_{i+1} = h_i * P + token_i + 1 (mod 2**64), from h0."""
     n = len(tokens)
     up, down = powers.get(n)
@@ -78,7 +78,7 @@ class HashRunner:
         self.kv = np.zeros((num_blocks, block_size), np.uint64)
         self.written = np.zeros((num_blocks, block_size), bool)
         self.tokens_run = 0
-        self.powers = _Powers()
+        self.powers = Powers()
 
     def read_state(self, slot: int) -> PlaceholderState:
         s = self.slots[slot]

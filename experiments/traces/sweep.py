@@ -11,9 +11,11 @@ import functools
 from pathlib import Path
 from typing import Sequence
 
+from experiments.traces.oracle import optimum_marks
 from experiments.traces.simulate import SimConfig, simulate
 from experiments.workloads import MooncakeTrace, open_workload
 from experiments.workloads.request import WorkloadRequest
+from planner.placements import PLACEMENT_SETTINGS
 
 NAME = "traces"
 METRICS = ("kv_hit_tokens", "ssm_hit_tokens", "lost_tokens", "replayed_tokens", "forwards", "snapshot_bytes_peak",
@@ -30,6 +32,12 @@ def load_requests(trace: str, reading: str, limit: int | None, trace_file: str |
     return tuple(open_workload(trace, reading).requests(limit=limit))
 
 
+@functools.lru_cache(maxsize=4)
+def oracle_marks(trace: str, reading: str, limit: int | None, trace_file: str | None, block_size: int) -> dict:
+    """The optimum's capture positions for these requests (computed once per process)."""
+    return optimum_marks(load_requests(trace, reading, limit, trace_file), block_size)
+
+
 def points_for(trace: str, readings: Sequence[str], policies: Sequence[str],
                budgets: Sequence[float | None]) -> list[dict]:
     return [{"trace": trace, "reading": r, "policy": p, "budget_gb": b}
@@ -42,7 +50,10 @@ def measure_point(point: dict, config: dict) -> dict:
     cfg = SimConfig(point["policy"], shape=config["shape"], budget_gb=point["budget_gb"],
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
                     kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"])
-    out = simulate(requests, cfg)
+    marks = None
+    if PLACEMENT_SETTINGS[cfg.policy].get("oracle"):
+        marks = oracle_marks(point["trace"], point["reading"], config["limit"], config.get("trace_file"), cfg.block_size)
+    out = simulate(requests, cfg, marks)
     return {**point, **out["metrics"], "ttft_s": [round(r.ttft_s, 6) for r in out["records"]]}
 
 
