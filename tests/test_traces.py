@@ -218,3 +218,22 @@ def test_optimum_marks_restore_every_match_on_a_slice(tmp_path):
     ours = simulate(requests, SimConfig("ours-plus", **cfg))["metrics"]
     assert best["kv_hit_tokens"] > 0 and best["ssm_hit_tokens"] == best["kv_hit_tokens"]
     assert best["ssm_hit_tokens"] >= ours["ssm_hit_tokens"]
+
+
+def test_ray_sweep_on_two_cpus_matches_the_shards(tmp_path):
+    pytest.importorskip("ray")
+    from experiments.traces.__main__ import main
+
+    path = _scaled_trace(tmp_path, n=10)
+    common = ["--trace", "mooncake-conversation", "--trace-file", str(path), "--policies", "aligned,ours-plus",
+              "--budget-gb", "0.2,inf", "--kv-pool-gb", "0.2", "--prefill-budget", "1024", "--max-batch-size", "4",
+              "--no-plots"]
+    assert main([*common, "--ray", "--ray-cpus", "2", "--ray-tasks", "2", "--out", str(tmp_path / "ray")]) == 0
+    assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ray", "local"))
+    assert a["config"] == b["config"] and len(list((tmp_path / "ray" / "parts").glob("*.json"))) == 2
+    drop = ("wall_s",)
+    for name in ("aligned", "ours-plus"):
+        for budget in ("0.2", "unbounded"):
+            x, y = a["policies"][name]["by_budget"][budget], b["policies"][name]["by_budget"][budget]
+            assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}

@@ -18,7 +18,7 @@ from experiments import sweep_parts
 from experiments.flags import name_list, shard_spec
 from experiments.results_io import environment, log, write_json
 from experiments.traces.cost import SHAPES, ShapeCost
-from experiments.traces.sweep import NAME, load_requests, measure_point, points_for, summarize, write_ttfts
+from experiments.traces.sweep import NAME, load_requests, points_for, run_on_ray, run_points, summarize, write_ttfts
 from experiments.workloads import READINGS, WORKLOADS
 from planner.placements import PLACEMENT_SETTINGS
 
@@ -61,6 +61,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, required=True, help="folder for summary.json, rows, plots")
     ap.add_argument("--shard", type=shard_spec, default=None, help="run points whose index %% n == i (i/n)")
     ap.add_argument("--merge", action="store_true", help="only combine the parts in --out and write the summary")
+    ap.add_argument("--ray", action="store_true", help="run the points as Ray tasks (optional extra 'sweeps')")
+    ap.add_argument("--ray-address", default=None, help="a Ray cluster's address (default: a local ray.init())")
+    ap.add_argument("--ray-tasks", type=int, default=None, help="Ray tasks = shards (default: one per point)")
+    ap.add_argument("--ray-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     ap.add_argument("--no-plots", action="store_true", help="write the data only")
     return ap
 
@@ -73,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     for flag, v in (("--prefill-budget", args.prefill_budget), ("--max-batch-size", args.max_batch_size)):
         if v < 1:
             ap.error(f"{flag}: must be >= 1, got {v}")
+    if args.ray and args.shard is not None:
+        ap.error("--ray and --shard: choose one")
+    if args.ray_tasks is not None and args.ray_tasks < 1:
+        ap.error(f"--ray-tasks: must be >= 1, got {args.ray_tasks}")
     if not (args.kv_pool_gb > 0 and args.time_scale > 0):
         ap.error("--kv-pool-gb and --time-scale must be > 0")
     if args.trace_file is not None and not args.trace.startswith("mooncake"):
@@ -83,25 +91,20 @@ def main(argv: list[str] | None = None) -> int:
               "max_batch_size": args.max_batch_size, "kv_pool_gb": args.kv_pool_gb, "time_scale": args.time_scale,
               "trace_file": None if args.trace_file is None else str(args.trace_file)}
     if not args.merge:
-        spec = args.shard or (0, 1)
         try:  # a bad trace fails here, naming file:line and field, before any part is written
             for reading in readings:
                 load_requests(args.trace, reading, args.limit, config["trace_file"])
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-
-        def measure(i: int, point: dict) -> list[dict]:
-            log(f"point {i}: {point['reading']} {point['policy']} budget {point['budget_gb']} GB")
-            row = measure_point(point, config)
-            log(f"  kv {row['kv_hit_tokens']} ssm {row['ssm_hit_tokens']} replayed {row['replayed_tokens']} "
-                f"in {row['wall_s']:.0f} s")
-            return [{"point": i, "row": 0, **row}]
-
-        sweep_parts.run_shard(args.out, NAME, points, config, spec, measure,
-                              tag=lambda p: dict(p))
-        if args.shard is not None:
-            return 0
+        if args.ray:
+            tasks = args.ray_tasks or len(points)
+            log(f"{len(points)} points as {tasks} Ray tasks ({args.ray_address or 'local ray.init()'})")
+            run_on_ray(args.out, points, config, tasks, args.ray_address, args.ray_cpus)
+        else:
+            run_points(args.out, points, config, args.shard or (0, 1))
+            if args.shard is not None:
+                return 0
     sweep_parts.merge(args.out, NAME)
     _, rows, _ = sweep_parts.collect(args.out, NAME)
     cost = ShapeCost.from_preset(args.shape).summary()

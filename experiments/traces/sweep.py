@@ -1,8 +1,10 @@
 """Policies x snapshot budgets x readings as one sweep through `experiments.sweep_parts`.
 
 A point is `{"trace", "reading", "policy", "budget_gb"}` (budget None: unbounded). `run_points`
-measures the points of one shard and writes its part; `summarize` turns the merged rows into the
-command's `summary.json`. Requests are read once per (trace, reading) per process.
+measures the points of one shard and writes its part; `run_on_ray` runs shards 0..n-1 as Ray tasks
+(each writes its own part, as a `--shard i/n` process would; a cluster needs `out` on a shared
+file system); `summarize` turns the merged rows into the command's `summary.json`. Requests are
+read once per (trace, reading) per process.
 """
 
 from __future__ import annotations
@@ -55,6 +57,47 @@ def measure_point(point: dict, config: dict) -> dict:
         marks = oracle_marks(point["trace"], point["reading"], config["limit"], config.get("trace_file"), cfg.block_size)
     out = simulate(requests, cfg, marks)
     return {**point, **out["metrics"], "ttft_s": [round(r.ttft_s, 6) for r in out["records"]]}
+
+
+def run_points(out: Path, points: list[dict], config: dict, spec: tuple[int, int]) -> dict:
+    """Measure shard `spec` of the points and write its part (`sweep_parts.run_shard`)."""
+    from experiments import sweep_parts
+    from experiments.results_io import log
+
+    def measure(i: int, point: dict) -> list[dict]:
+        log(f"point {i}: {point['reading']} {point['policy']} budget {point['budget_gb']} GB")
+        row = measure_point(point, config)
+        log(f"  kv {row['kv_hit_tokens']} ssm {row['ssm_hit_tokens']} replayed {row['replayed_tokens']} "
+            f"in {row['wall_s']:.0f} s")
+        return [{"point": i, "row": 0, **row}]
+
+    return sweep_parts.run_shard(Path(out), NAME, points, config, spec, measure, tag=lambda p: dict(p))
+
+
+def run_on_ray(out: Path, points: list[dict], config: dict, tasks: int, address: str | None = None,
+               num_cpus: int | None = None) -> list[int]:
+    """Shards 0..tasks-1 as Ray tasks (one CPU each) on a local Ray (`address` None: `ray.init()`
+    here, with `num_cpus` if given) or the cluster at `address`; returns the shards done."""
+    try:
+        import ray
+    except ImportError as err:
+        raise ModuleNotFoundError("--ray needs the optional extra 'sweeps': pip install -e '.[sweeps]'") from err
+    root = str(Path(__file__).resolve().parents[2])
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
+                 log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": root, "OMP_NUM_THREADS": "1"}})
+    try:
+        task = ray.remote(num_cpus=1)(_ray_shard)
+        return sorted(ray.get([task.remote(str(out), points, config, (i, tasks)) for i in range(tasks)]))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _ray_shard(out: str, points: list[dict], config: dict, spec: tuple[int, int]) -> int:
+    run_points(Path(out), points, config, tuple(spec))
+    return spec[0]
 
 
 def summarize(rows: list[dict], config: dict, environment: dict, cost: dict) -> dict:
