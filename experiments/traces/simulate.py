@@ -22,12 +22,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from experiments.runs import make_runner_engine
 from experiments.traces.cost import ShapeCost
 from experiments.traces.runner import HashRunner, SimClock, SimulatedRunner
 from experiments.workloads.request import WorkloadRequest
 from kernels.checks import require
 from model.engine import Engine
-from model.engine.engine import EngineConfig
 from model.engine.placeholder_runner import PlaceholderRunner
 from planner.placements import PLACEMENT_SETTINGS
 from planner.prefill_plan import get_policy
@@ -97,12 +97,11 @@ def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict
                  prompt_lens: dict[str, int]) -> Engine:
     """The real engine over the chosen model-free runner, wrapped in the simulated runner."""
     settings = cfg.engine_settings(cost)
-    config = EngineConfig.from_settings(**settings)
-    s = config.scheduler
+    slots, blocks, bs = settings["max_batch_size"], settings["num_kv_blocks"], settings["block_size"]
     if cfg.runner == "hash":
-        inner = HashRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, 64, cost.state_bytes, emit_logits=False)
+        inner = HashRunner(slots, blocks, bs, 64, cost.state_bytes, emit_logits=False)
     else:
-        inner = PlaceholderRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, 64, cost.state_bytes)
+        inner = PlaceholderRunner(slots, blocks, bs, 64, cost.state_bytes)
     engine: Engine | None = None
 
     def next_tokens(rows) -> list[int | None]:
@@ -116,8 +115,8 @@ def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict
         return out
 
     runner = SimulatedRunner(inner, cost, clock, next_tokens)
-    engine = Engine(runner, config, eviction=PLACEMENT_SETTINGS[cfg.policy]["eviction"],
-                    snapshot_flops=lambda p: cost.row_flops(0, p), clock=clock)
+    engine = make_runner_engine(runner, settings, PLACEMENT_SETTINGS[cfg.policy]["eviction"],
+                                lambda p: cost.row_flops(0, p), clock)
     return engine
 
 
@@ -142,7 +141,6 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
     last_t = 0.0
     prompt_tokens = 0
     records: list[RequestRecord] = []
-    done = 0
     while nxt is not None or engine.scheduler.has_work:
         if not engine.scheduler.has_work:
             clock.advance_to(nxt.arrival_s * cfg.time_scale)
@@ -171,13 +169,18 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
                                          m.restore_at, m.replayed_tokens, m.prefill_passes, list(m.chunk_ends),
                                          list(m.snapshot_positions), m.first_token_s - m.arrival_s, m.preemptions))
             replies.pop(r.request_id, None)
-            done += 1
         engine.finished.clear()  # the records hold what is needed; finished requests hold their prompts
     records.sort(key=lambda r: r.index)
+    held = {"peak": peak, "mean": byte_seconds / max(clock.now, 1e-12)}
+    metrics = _metrics(records, engine, clock, held, prompt_tokens) | {"wall_s": time.perf_counter() - t0}
+    return {"metrics": metrics, "records": records, "settings": cfg.engine_settings(cost)}
+
+
+def _metrics(records: list[RequestRecord], engine: Engine, clock: SimClock, held: dict, prompt_tokens: int) -> dict:
+    """The policy's figures summed over its requests (module docstring)."""
     ttft = np.array([r.ttft_s for r in records]) if records else np.zeros(1)
-    stats = store.stats
-    span = max(clock.now, 1e-12)
-    metrics = {
+    stats = engine.snapshots.stats
+    return {
         "requests": len(records),
         "prompt_tokens": prompt_tokens,
         "kv_hit_tokens": sum(r.kv_match for r in records),
@@ -186,8 +189,8 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
         "replayed_tokens": sum(r.replayed for r in records),
         "forwards": sum(r.forwards for r in records),
         "engine_forwards": engine.runner.forwards,
-        "snapshot_bytes_peak": peak,
-        "snapshot_bytes_mean": byte_seconds / span,
+        "snapshot_bytes_peak": held["peak"],
+        "snapshot_bytes_mean": held["mean"],
         "snapshots_saved": stats.saved,
         "snapshots_evicted": stats.evicted,
         "snapshots_restored": stats.restored,
@@ -201,6 +204,4 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
         "simulated_busy_s": engine.runner.busy_s,
         "block_size": engine.config.scheduler.block_size,
         "state_block": engine.config.scheduler.state_block,
-        "wall_s": time.perf_counter() - t0,
     }
-    return {"metrics": metrics, "records": records, "settings": cfg.engine_settings(cost)}
