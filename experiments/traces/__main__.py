@@ -16,8 +16,9 @@ from pathlib import Path
 
 from experiments import sweep_parts
 from experiments.flags import name_list, shard_spec
-from experiments.results_io import environment, log, write_json
+from experiments.results_io import environment, log, write_json, write_text
 from experiments.traces.cost import SHAPES, ShapeCost
+from experiments.traces.goals import check as check_goals, markdown as goal_table
 from experiments.traces.sweep import NAME, load_requests, points_for, run_on_ray, run_points, summarize, write_ttfts
 from experiments.workloads import READINGS, WORKLOADS
 from planner.placements import PLACEMENT_SETTINGS
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows, config, environment(), cost)
     write_json(args.out / "summary.json", summary)
     write_ttfts(args.out, rows)
+    goals = check_goals(summary)
+    write_json(args.out / "goals.json", goals)
+    write_text(args.out / "goals.md", goal_table(goals))
     log(f"wrote {args.out / 'summary.json'}")
     if not args.no_plots:
         from experiments.traces.plots import plot_all
