@@ -55,7 +55,8 @@ def check(summary: dict) -> dict:
     """Per reading, per budget: `check_budget`."""
     out = {}
     for reading, data in summary["readings"].items():
-        budgets = sorted({b for p in data["policies"].values() for b in p["by_budget"]})
+        budgets = sorted({b for p in data["policies"].values() for b in p["by_budget"]},
+                         key=lambda b: float("inf") if b == "unbounded" else float(b))
         out[reading] = {b: check_budget(data["policies"], b) for b in budgets}
     return out
 
