@@ -33,9 +33,10 @@ def plot_all(out: Path) -> list[Path]:
         for name, p in pols.items():
             ys = [p["by_budget"][b]["ssm_hit_tokens"] / prompt if b in p["by_budget"] else np.nan for b in budgets]
             ax.plot(xs, ys, marker="o", label=name)
-        kv = max(p["by_budget"][b]["kv_hit_tokens"] for p in pols.values() for b in p["by_budget"]
-                 if p["by_budget"][b]["block_size"] == 16) if pols else 0
-        ax.axhline(kv / prompt, color="k", ls=":", lw=1, label="KV hit, 16-token blocks")
+        kv = max((p["by_budget"][b]["kv_hit_tokens"] for p in pols.values() for b in p["by_budget"]
+                  if p["by_budget"][b]["block_size"] == 16), default=None)
+        if kv is not None:  # only when a policy ran with 16-token blocks
+            ax.axhline(kv / prompt, color="k", ls=":", lw=1, label="KV hit, 16-token blocks")
         ax.set_xscale("log")
         ax.set_xticks(xs, [b if b == "unbounded" else f"{float(b):g}" for b in budgets])
         ax.set_xlabel("snapshot memory (GB)")
