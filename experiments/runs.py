@@ -122,6 +122,16 @@ def make_placeholder_engine(sched: SchedulerConfig, snapshot_byte_budget: int | 
                                   decode_snapshots=decode_snapshots, **dataclasses.asdict(sched))
 
 
+def make_runner_engine(runner, settings: dict, eviction: str | None = None,
+                       snapshot_flops: Callable[[int], float] | None = None,
+                       clock: Callable[[], float] | None = None) -> Engine:
+    """The engine over any runner (the trace simulator's), from flat engine settings."""
+    from model.engine.engine import EngineConfig
+
+    kwargs = {} if clock is None else {"clock": clock}
+    return Engine(runner, EngineConfig.from_settings(**settings), eviction, snapshot_flops, **kwargs)
+
+
 def kv_blocks_for(prompt_lens: Sequence[int], block_size: int, slack: int = 16) -> int:
     """A KV pool that holds every listed prompt at once: no KV block is ever evicted, so the
     prefix match is decided by the planner alone."""

@@ -21,7 +21,7 @@ Positions are token counts from the prompt start; `block_size` is the KV block s
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Sequence
 
 from kernels.checks import require
 
@@ -132,17 +132,63 @@ def last_chunk_capture_offsets(offset: int, length: int, total: int, block_size:
 
 
 @dataclasses.dataclass(frozen=True)
+class PlanContext:
+    """What a policy's rules may read besides the chunk itself.
+
+    `block_size` is the KV block (the prefix match's granularity); `state_block` the granularity
+    at which a policy keeps block-aligned states (vLLM's padded block; 0 = the KV block);
+    `kernel_chunk` the SSD kernel's chunk (SGLang's state grid); `interval` interval snapshots
+    in KV blocks (0 = off).
+    """
+
+    block_size: int
+    interval: int = 0
+    state_block: int = 0
+    kernel_chunk: int = 256
+
+    @property
+    def state_grid(self) -> int:
+        return self.state_block or self.block_size
+
+
+def _no_marks(kv_match: int, restore_at: int, total: int, ctx: PlanContext) -> tuple[int, ...]:
+    return ()
+
+
+@dataclasses.dataclass(frozen=True)
 class ChunkPolicy:
-    """A named pair of rules: where chunks end, and which non-last ends save a snapshot."""
+    """A named set of placement rules: where chunks end, which non-last ends save a snapshot,
+    which in-chunk offsets a last chunk captures, and which positions a request must leave a
+    snapshot at, decided once at admission from its KV match and restore point (`marks`).
+
+    A mark strictly inside a chunk either stops the chunk there (`mark_mode="stop"`: one more
+    forward, the state saved at the chunk end) or is captured inside the same scan launch
+    (`"capture"`). `source` names where the rules come from.
+    """
 
     name: str
-    chunk_len: Callable[[int, int, int, int], int]
-    saves_snapshot: Callable[[int, int, int, int], bool]
+    chunk_len: Callable[[int, int, int, PlanContext], int]
+    saves_snapshot: Callable[[int, int, PlanContext], bool]
+    last_captures: Callable[[int, int, int, PlanContext], tuple[int, ...]] = \
+        lambda offset, length, total, ctx: last_chunk_capture_offsets(offset, length, total, ctx.block_size)
+    marks: Callable[[int, int, int, PlanContext], tuple[int, ...]] = _no_marks
+    mark_mode: str = "stop"
+    source: str = ""
+
+    def __post_init__(self):
+        require(self.mark_mode in ("stop", "capture"), "mark_mode",
+                f"must be 'stop' or 'capture', got {self.mark_mode!r}")
 
 
 POLICIES: dict[str, ChunkPolicy] = {
-    "aligned": ChunkPolicy("aligned", plan_chunk_len, is_checkpoint_chunk_end),
-    "legacy": ChunkPolicy("legacy", plan_chunk_len_legacy, is_checkpoint_chunk_end_legacy),
+    "aligned": ChunkPolicy(
+        "aligned", lambda o, t, p, ctx: plan_chunk_len(o, t, p, ctx.block_size),
+        lambda e, t, ctx: is_checkpoint_chunk_end(e, t, ctx.block_size, ctx.interval),
+        source="this project: the seed's fix (planner.prefill_plan module docstring)"),
+    "legacy": ChunkPolicy(
+        "legacy", lambda o, t, p, ctx: plan_chunk_len_legacy(o, t, p, ctx.block_size),
+        lambda e, t, ctx: is_checkpoint_chunk_end_legacy(e, t, ctx.block_size, ctx.interval),
+        source="the seed's engine before the fix"),
 }
 
 
@@ -162,7 +208,7 @@ class ChunkPlan:
     length: int
     total: int
     snapshot_at_end: bool  # a non-last chunk whose end saves an SSM snapshot
-    capture_offsets: tuple[int, ...]  # in-chunk offsets whose state the last chunk must capture
+    capture_offsets: tuple[int, ...]  # in-chunk offsets whose state the chunk captures in its scan launch
 
     @property
     def end(self) -> int:
@@ -180,21 +226,31 @@ class ChunkPlan:
 
 
 def plan_chunk(
-    offset: int, total: int, proposed: int, block_size: int, interval: int, policy: ChunkPolicy | str = "aligned"
+    offset: int, total: int, proposed: int, block_size: int, interval: int, policy: ChunkPolicy | str = "aligned",
+    marks: Sequence[int] = (), ctx: PlanContext | None = None,
 ) -> ChunkPlan:
     """The chunk at `offset` under `policy` (a `ChunkPolicy` or its name), with its snapshot and
-    capture decisions. `interval` is checked where it is used (`is_checkpoint_chunk_end`)."""
+    capture decisions. `marks`: positions this request must leave a snapshot at (the policy's
+    admission marks); `ctx` defaults to `PlanContext(block_size, interval)`. `interval` is checked
+    where it is used (`is_checkpoint_chunk_end`)."""
     policy = get_policy(policy)
-    length = policy.chunk_len(offset, total, proposed, block_size)
+    ctx = ctx or PlanContext(block_size, interval)
+    length = policy.chunk_len(offset, total, proposed, ctx)
+    inside = [m for m in marks if offset < m < offset + length]
+    if inside and policy.mark_mode == "stop":
+        length = min(inside) - offset
+        inside = []
     end = offset + length
     if end < total:
-        return ChunkPlan(offset, length, total, policy.saves_snapshot(end, total, block_size, interval), ())
-    return ChunkPlan(offset, length, total, False, last_chunk_capture_offsets(offset, length, total, block_size))
+        snap = policy.saves_snapshot(end, total, ctx) or end in marks
+        return ChunkPlan(offset, length, total, snap, tuple(m - offset for m in sorted(inside)))
+    captures = set(policy.last_captures(offset, length, total, ctx)) | {m - offset for m in inside}
+    return ChunkPlan(offset, length, total, False, tuple(sorted(captures)))
 
 
 def plan_prompt(
     total: int, block_size: int, budget_per_chunk: Callable[[int], int] | int, interval: int,
-    policy: ChunkPolicy | str = "aligned", start: int = 0,
+    policy: ChunkPolicy | str = "aligned", start: int = 0, marks: Sequence[int] = (), ctx: PlanContext | None = None,
 ) -> list[ChunkPlan]:
     """Every chunk of one prompt from `start`, given the budget of the i-th chunk (no scheduler).
 
@@ -203,7 +259,12 @@ def plan_prompt(
     budget = (lambda i: budget_per_chunk) if isinstance(budget_per_chunk, int) else budget_per_chunk
     plans, offset = [], start
     while offset < total:
-        plan = plan_chunk(offset, total, min(budget(len(plans)), total - offset), block_size, interval, policy)
+        plan = plan_chunk(offset, total, min(budget(len(plans)), total - offset), block_size, interval, policy,
+                          marks, ctx)
         plans.append(plan)
         offset = plan.end
     return plans
+
+
+# The peers' placements (built from this module's rules) add themselves to POLICIES on import.
+import planner.placements  # noqa: E402,F401

@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from kernels.checks import require
-from planner.prefill_plan import ChunkPlan, ChunkPolicy, plan_chunk
+from planner.prefill_plan import ChunkPlan, ChunkPolicy, PlanContext, plan_chunk
 from planner.prefix_cache import KVLease
 
 
 class PrefillState:
-    def __init__(self, token_ids: Sequence[int], lease: KVLease):
+    def __init__(self, token_ids: Sequence[int], lease: KVLease, marks: Sequence[int] = ()):
+        """`marks`: positions this prefill must leave a snapshot at (its policy's admission marks)."""
         require(len(token_ids) > 0, "token_ids", "a prompt needs at least one token to produce logits")
         # The prefix match backs off one block so at least one token is left to run;
         # a prefill with nothing to run produces no logits to sample the first token from.
@@ -27,6 +28,7 @@ class PrefillState:
                 "the adopted prefix was not backed off")
         self.token_ids = list(token_ids)
         self.lease = lease
+        self.marks = tuple(marks)
 
     @property
     def position(self) -> int:
@@ -45,12 +47,14 @@ class PrefillState:
     def is_done(self) -> bool:
         return self.remaining == 0
 
-    def plan_next(self, budget: int, block_size: int, interval: int, policy: ChunkPolicy | str) -> ChunkPlan:
+    def plan_next(self, budget: int, block_size: int, interval: int, policy: ChunkPolicy | str,
+                  ctx: PlanContext | None = None) -> ChunkPlan:
         """The next chunk given at most `budget` tokens this tick (budget >= 1)."""
         if self.is_done:
             raise RuntimeError("plan_next on a finished prefill")
         require(budget >= 1, "budget", f"must be >= 1, got {budget}")
-        return plan_chunk(self.position, self.total, min(budget, self.remaining), block_size, interval, policy)
+        return plan_chunk(self.position, self.total, min(budget, self.remaining), block_size, interval, policy,
+                          self.marks, ctx)
 
     def chunk_tokens(self, plan: ChunkPlan) -> list[int]:
         return self.token_ids[plan.offset : plan.end]

@@ -29,9 +29,18 @@ class KVLease:
     num_cached_tokens: int = 0
     num_published_blocks: int = 0
 
+    _ids: list[int] = dataclasses.field(default_factory=list, repr=False)
+    _ids_of: list | None = dataclasses.field(default=None, repr=False)
+
     @property
     def block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks]
+        """Block ids in position order (blocks are only appended, so the list is extended, not rebuilt:
+        a decode row asks for it every token)."""
+        if self._ids_of is not self.blocks or len(self._ids) > len(self.blocks):
+            self._ids, self._ids_of = [], self.blocks
+        if len(self._ids) < len(self.blocks):
+            self._ids.extend(b.block_id for b in self.blocks[len(self._ids):])
+        return list(self._ids)
 
     @property
     def capacity(self) -> int:

@@ -60,6 +60,9 @@ class Request:
     slot: int | None = None  # batch slot; also the row of the SSM/conv state pools
     prefill: PrefillState | None = None  # None once decoding (or while waiting)
     block_hashes: list[BlockHash] = dataclasses.field(default_factory=list)
+    # Positions this request's prefill must leave a snapshot at besides its policy's (an offline
+    # driver that knows which prefixes later requests will match sets them).
+    snapshot_marks: tuple[int, ...] = ()
     metrics: RequestMetrics = dataclasses.field(default_factory=RequestMetrics)
 
     def __post_init__(self):
@@ -69,6 +72,16 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens, without building their list."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_at(self, position: int) -> int:
+        """Token `position` of prompt + output, without building their list."""
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
 
     @property
     def is_decoding(self) -> bool:

@@ -22,7 +22,7 @@ import dataclasses
 
 from kernels.checks import require
 from planner.block_pool import BlockPool, extend_block_hashes
-from planner.prefill_plan import ChunkPlan, ChunkPolicy, check_interval, get_policy
+from planner.prefill_plan import ChunkPlan, ChunkPolicy, PlanContext, check_interval, get_policy
 from planner.prefill_state import PrefillState
 from planner.prefix_cache import PrefixCache
 from planner.request import Request, RequestStatus
@@ -37,14 +37,18 @@ class SchedulerConfig:
     prefill_budget: int = 8192
     max_batch_size: int = 1
     num_kv_blocks: int = 4096
-    policy: str = "aligned"  # "aligned" (the fix) or "legacy" (before it)
+    policy: str = "aligned"  # a name of planner.prefill_plan.POLICIES ("aligned": the fix; "legacy": before it)
     snapshot_interval_blocks: int = 0  # also snapshot non-last chunk ends at multiples of this many blocks
     enable_prefix_caching: bool = True
     ssm_snapshots: bool = True  # the model has SSM layers: a warm start needs a snapshot
+    state_block: int = 0  # a policy's block-aligned state granularity (vLLM's padded block); 0: block_size
+    kernel_chunk: int = 256  # the SSD kernel's chunk (SGLang's state grid)
 
     def __post_init__(self):
-        for name in ("block_size", "prefill_budget", "max_batch_size", "num_kv_blocks"):
+        for name in ("block_size", "prefill_budget", "max_batch_size", "num_kv_blocks", "kernel_chunk"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        require(self.state_block >= 0 and self.state_block % self.block_size == 0, "state_block",
+                f"must be 0 or a multiple of block_size={self.block_size}, got {self.state_block}")
         check_interval(self.snapshot_interval_blocks, "snapshot_interval_blocks")
         get_policy(self.policy)
 
@@ -52,6 +56,11 @@ class SchedulerConfig:
     def chunk_policy(self) -> ChunkPolicy:
         """The policy `policy` names (resolved by the planner's registry, `get_policy`)."""
         return get_policy(self.policy)
+
+    @property
+    def plan_context(self) -> PlanContext:
+        """What the policy's rules read besides the chunk."""
+        return PlanContext(self.block_size, self.snapshot_interval_blocks, self.state_block, self.kernel_chunk)
 
     @property
     def tick_budget(self) -> int:
@@ -106,6 +115,7 @@ class Scheduler:
         self.kv = PrefixCache(self.pool, config.block_size, enabled=config.enable_prefix_caching)
         self.snapshots = snapshots if snapshots is not None else SnapshotStore(config.block_size)
         self.policy = config.chunk_policy
+        self.context = config.plan_context
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.free_slots = list(range(config.max_batch_size - 1, -1, -1))  # pop() gives slot 0 first
@@ -143,14 +153,15 @@ class Scheduler:
             pos = req.lease.num_computed_tokens
             if not self._grow_or_preempt(req, pos + 1, preempted):
                 continue
-            rows.append(ScheduledRow(req, pos, [req.all_token_ids[pos]], req.lease.num_cached_tokens, None))
+            rows.append(ScheduledRow(req, pos, [req.token_at(pos)], req.lease.num_cached_tokens, None))
 
         for req in holders:  # prefill chunks of requests already admitted, FIFO
             if budget <= 0:
                 break
             if req.status is not RequestStatus.RUNNING or req.is_decoding:
                 continue
-            plan = req.prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy)
+            plan = req.prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy,
+                                         self.context)
             if not self._grow_or_preempt(req, plan.end, preempted):
                 break  # FIFO: nobody overtakes a prefill that is waiting for memory
             rows.append(self._prefill_row(req, plan))
@@ -195,8 +206,11 @@ class Scheduler:
             lease.num_computed_tokens = restore.position if restore is not None else 0
         else:
             lease.num_computed_tokens = lease.num_cached_tokens
-        prefill = PrefillState(tokens, lease)
-        plan = prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy)
+        start, total = lease.num_computed_tokens, len(tokens)
+        marks = {m for m in (*self.policy.marks(lease.num_cached_tokens, start, total, self.context),
+                             *req.snapshot_marks) if start < m < total}
+        prefill = PrefillState(tokens, lease, tuple(sorted(marks)))
+        plan = prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy, self.context)
         if not self.kv.allocate(lease, plan.end):
             self.kv.release(lease)
             return None, None
@@ -253,7 +267,8 @@ class Scheduler:
             if req.prefill is None:
                 require(token is not None, "sampled", f"no token for request {req.request_id!r}, which produced logits")
                 req.output_token_ids.append(int(token))
-            extend_block_hashes(req.block_hashes, req.all_token_ids, self.config.block_size)
+            if req.num_tokens // self.config.block_size > len(req.block_hashes):  # a new full block
+                extend_block_hashes(req.block_hashes, req.all_token_ids, self.config.block_size)
             self.kv.publish(req.lease, req.block_hashes)
             if req.prefill is None and self._is_done(req):
                 self._finish(req)

@@ -56,10 +56,16 @@ class EngineConfig:
     # request. SGLang keeps a decode state on a fixed token grid for the same reason; this is
     # the block-granular version.
     decode_snapshots: bool = False
+    # The grid those decode-time states sit on (0: the KV block). vLLM keeps them on its padded
+    # block, SGLang on its kernel-chunk grid; a multiple of the KV block, so a match can land there.
+    decode_snapshot_grid: int = 0
 
     def __post_init__(self):
         require(self.capture_mode in CAPTURE_MODES, "capture_mode",
                 f"must be one of {CAPTURE_MODES}, got {self.capture_mode!r}")
+        bs = self.scheduler.block_size
+        require(self.decode_snapshot_grid >= 0 and self.decode_snapshot_grid % bs == 0, "decode_snapshot_grid",
+                f"must be 0 or a multiple of block_size={bs}, got {self.decode_snapshot_grid}")
 
     @classmethod
     def from_settings(cls, **settings: Any) -> "EngineConfig":
@@ -195,12 +201,15 @@ class Engine:
     def _sample_and_save(self, rows: list[ScheduledRow], result: BatchOutput) -> dict[str, int | None]:
         """Save each prefill row's snapshots; greedy-sample rows that produce a token (None mid-prompt)."""
         sampled: dict[str, int | None] = {}
-        for row, row_logits, row_captured in zip(rows, result.logits, result.captured):
+        forced = result.next_tokens or [None] * len(rows)
+        for row, row_logits, row_captured, token in zip(rows, result.logits, result.captured, forced):
             req = row.request
             if not row.is_decode:
                 self._save_snapshots(row, row_captured)
             produces_token = row.is_decode or row.plan.is_last
-            sampled[req.request_id] = int(torch.argmax(row_logits)) if produces_token else None
+            if produces_token and token is None:
+                token = int(torch.argmax(row_logits))
+            sampled[req.request_id] = token if produces_token else None
             if produces_token and not row.is_decode and self.config.keep_prompt_logits:
                 self.prompt_logits[req.request_id] = row_logits.detach().clone()
         return sampled
@@ -220,10 +229,10 @@ class Engine:
 
         Only decode rows and last prefill chunks: a non-last chunk's end is the planner's business.
         """
-        bs = self.config.scheduler.block_size
+        grid = self.config.decode_snapshot_grid or self.config.scheduler.block_size
         for row in rows:
             end = row.start_pos + row.num_tokens
-            if (row.is_decode or row.plan.is_last) and end % bs == 0:
+            if (row.is_decode or row.plan.is_last) and end % grid == 0:
                 self._boundary_states[row.request.request_id] = (end, self.runner.read_state(row.request.slot))
 
     def _save_boundary_state(self, req: Request) -> None:

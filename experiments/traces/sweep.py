@@ -1,0 +1,142 @@
+"""Policies x snapshot budgets x readings as one sweep through `experiments.sweep_parts`.
+
+A point is `{"trace", "reading", "policy", "budget_gb"}` (budget None: unbounded). `run_points`
+measures the points of one shard and writes its part; `run_on_ray` runs shards 0..n-1 as Ray tasks
+(each writes its own part, as a `--shard i/n` process would; a cluster needs `out` on a shared
+file system); `summarize` turns the merged rows into the command's `summary.json`. Requests are
+read once per (trace, reading) per process.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Sequence
+
+from experiments.traces.oracle import optimum_marks
+from experiments.traces.simulate import SimConfig, simulate
+from experiments.workloads import MooncakeTrace, open_workload
+from experiments.workloads.request import WorkloadRequest
+from planner.placements import PLACEMENT_SETTINGS
+
+NAME = "traces"
+METRICS = ("kv_hit_tokens", "ssm_hit_tokens", "lost_tokens", "replayed_tokens", "forwards", "snapshot_bytes_peak",
+           "snapshot_bytes_mean", "snapshots_saved", "snapshots_evicted", "ttft_s_p50", "ttft_s_p90", "ttft_s_p99")
+
+
+@functools.lru_cache(maxsize=4)
+def load_requests(trace: str, reading: str, limit: int | None, trace_file: str | None = None
+                  ) -> tuple[WorkloadRequest, ...]:
+    """The first `limit` requests of a trace in a reading; `trace_file`: a Mooncake-format file read
+    instead of the named trace. A bad line raises ValueError naming file:line and the field."""
+    if trace_file is not None:
+        return tuple(MooncakeTrace(trace_file, reading).requests(limit=limit))
+    return tuple(open_workload(trace, reading).requests(limit=limit))
+
+
+@functools.lru_cache(maxsize=4)
+def oracle_marks(trace: str, reading: str, limit: int | None, trace_file: str | None, block_size: int) -> dict:
+    """The optimum's capture positions for these requests (computed once per process)."""
+    return optimum_marks(load_requests(trace, reading, limit, trace_file), block_size)
+
+
+def points_for(trace: str, readings: Sequence[str], policies: Sequence[str],
+               budgets: Sequence[float | None]) -> list[dict]:
+    return [{"trace": trace, "reading": r, "policy": p, "budget_gb": b}
+            for r in readings for b in budgets for p in policies]
+
+
+def measure_point(point: dict, config: dict) -> dict:
+    """One simulated run: the row of metrics, with the per-request TTFTs for the CDF."""
+    requests = load_requests(point["trace"], point["reading"], config["limit"], config.get("trace_file"))
+    cfg = SimConfig(point["policy"], shape=config["shape"], budget_gb=point["budget_gb"],
+                    prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
+                    kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"])
+    marks = None
+    if PLACEMENT_SETTINGS[cfg.policy].get("oracle"):
+        marks = oracle_marks(point["trace"], point["reading"], config["limit"], config.get("trace_file"), cfg.block_size)
+    out = simulate(requests, cfg, marks)
+    return {**point, **out["metrics"], "ttft_s": [round(r.ttft_s, 6) for r in out["records"]]}
+
+
+def run_points(out: Path, points: list[dict], config: dict, spec: tuple[int, int]) -> dict:
+    """Measure shard `spec` of the points and write its part (`sweep_parts.run_shard`)."""
+    from experiments import sweep_parts
+    from experiments.results_io import log
+
+    def measure(i: int, point: dict) -> list[dict]:
+        log(f"point {i}: {point['reading']} {point['policy']} budget {point['budget_gb']} GB")
+        row = measure_point(point, config)
+        log(f"  kv {row['kv_hit_tokens']} ssm {row['ssm_hit_tokens']} replayed {row['replayed_tokens']} "
+            f"in {row['wall_s']:.0f} s")
+        return [{"point": i, "row": 0, **row}]
+
+    return sweep_parts.run_shard(Path(out), NAME, points, config, spec, measure, tag=lambda p: dict(p))
+
+
+def run_on_ray(out: Path, points: list[dict], config: dict, tasks: int, address: str | None = None,
+               num_cpus: int | None = None) -> list[int]:
+    """Shards 0..tasks-1 as Ray tasks (one CPU each) on a local Ray (`address` None: `ray.init()`
+    here, with `num_cpus` if given) or the cluster at `address`; returns the shards done."""
+    try:
+        import ray
+    except ImportError as err:
+        raise ModuleNotFoundError("--ray needs the optional extra 'sweeps': pip install -e '.[sweeps]'") from err
+    root = str(Path(__file__).resolve().parents[2])
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
+                 log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": root, "OMP_NUM_THREADS": "1"}})
+    try:
+        task = ray.remote(num_cpus=1)(_ray_shard)
+        return sorted(ray.get([task.remote(str(out), points, config, (i, tasks)) for i in range(tasks)]))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _ray_shard(out: str, points: list[dict], config: dict, spec: tuple[int, int]) -> int:
+    run_points(Path(out), points, config, tuple(spec))
+    return spec[0]
+
+
+def summarize(rows: list[dict], config: dict, environment: dict, cost: dict) -> dict:
+    """`summary.json`: per reading, per policy, the metrics at each budget; top level as the issue asks."""
+    budgets = sorted({r["budget_gb"] for r in rows}, key=lambda b: float("inf") if b is None else b)
+    readings = sorted({r["reading"] for r in rows})
+
+    def entry(rs: list[dict]) -> dict:
+        by_budget = {("unbounded" if r["budget_gb"] is None else f"{r['budget_gb']:g}"): _metrics(r) for r in rs}
+        first = _metrics(rs[0])
+        return {**first, "budget_gb": rs[0]["budget_gb"], "by_budget": by_budget}
+
+    def policies(reading: str) -> dict:
+        out: dict = {}
+        for r in rows:
+            if r["reading"] == reading:
+                out.setdefault(r["policy"], []).append(r)
+        return {p: entry(sorted(rs, key=lambda r: budgets.index(r["budget_gb"]))) for p, rs in out.items()}
+
+    first = readings[0]
+    return {
+        "trace": rows[0]["trace"], "reading": first, "shape": config["shape"],
+        "budget_gb": budgets[0] if len(budgets) == 1 else budgets,
+        "prompt_tokens": next(r["prompt_tokens"] for r in rows if r["reading"] == first),
+        "requests": next(r["requests"] for r in rows if r["reading"] == first),
+        "simulated": True, "cost_model": cost, "config": config, **environment,
+        "policies": policies(first),
+        "readings": {rd: {"prompt_tokens": next(r["prompt_tokens"] for r in rows if r["reading"] == rd),
+                          "policies": policies(rd)} for rd in readings},
+    }
+
+
+def _metrics(row: dict) -> dict:
+    keep = (*METRICS, "requests", "prompt_tokens", "engine_forwards", "snapshots_restored", "preemptions",
+            "ttft_s_mean", "simulated_span_s", "simulated_busy_s", "block_size", "state_block", "wall_s")
+    return {k: row[k] for k in keep if k in row}
+
+
+def write_ttfts(out: Path, rows: list[dict]) -> None:
+    from experiments.results_io import write_json
+
+    write_json(Path(out) / "ttft.json", [{k: r[k] for k in ("reading", "policy", "budget_gb", "ttft_s")} for r in rows])

@@ -1,0 +1,239 @@
+"""Placement policies by name, the trace simulator (validated against the placeholder engine) and
+its command."""
+
+import gzip
+import json
+import math
+
+import pytest
+
+from experiments.traces.cost import ShapeCost
+from experiments.traces.simulate import SimConfig, simulate
+from experiments.workloads import MooncakeTrace
+from experiments.workloads.mooncake import TRACES
+from model.engine import Engine
+from planner.placements import (
+    PLACEMENT_SETTINGS,
+    TRTLLM_PERIOD_TOKENS,
+    vllm_checkpoint_in_forward,
+    vllm_checkpoint_position,
+    vllm_hybrid_block,
+)
+from planner.prefill_plan import POLICIES, PlanContext, plan_chunk, plan_prompt
+
+PEERS = ("legacy", "aligned", "vllm-align", "vllm-junction", "sglang", "trtllm", "marconi", "ours-plus")
+
+
+def test_every_policy_is_registered_with_its_source_and_engine_settings():
+    for name in PEERS:
+        assert POLICIES[name].name == name and POLICIES[name].source, name
+        assert name in PLACEMENT_SETTINGS, name
+    assert set(PLACEMENT_SETTINGS) == set(POLICIES)
+
+
+def test_vllm_padded_block_at_bamba_9b():
+    # One Mamba layer: conv 3 x (8192 + 2 x 128) + SSM 128 x 64 x 128 = 1,073,920 bf16 values =
+    # 2,147,840 bytes; one attention layer holds 2 x 8 x 128 x 2 = 4096 bytes a token; a 16-token
+    # page 65,536 bytes: ceil(2,147,840 / 65,536) = 33 pages, 33 x 16 = 528 tokens.
+    cost = ShapeCost.from_preset("bamba-9b")
+    assert cost.state_bytes_layer == 2_147_840 and cost.kv_bytes_per_token_layer == 4096
+    assert cost.vllm_block == 528 == vllm_hybrid_block(2_147_840, 4096)
+    assert vllm_hybrid_block(65_536, 4096) == 16 and vllm_hybrid_block(65_537, 4096) == 32
+
+
+def test_vllm_checkpoint_rules():
+    assert vllm_checkpoint_position(2000, 528) == 1584 and vllm_checkpoint_position(1, 16) == 0
+    assert vllm_checkpoint_position(1056, 528) == 528  # one token must be left to run
+    assert vllm_checkpoint_in_forward(0, 2000, 1584, 528, 528)
+    assert not vllm_checkpoint_in_forward(0, 1584, 1584, 528, 528)  # must lie strictly inside
+    assert not vllm_checkpoint_in_forward(8, 2000, 1584, 16, 528)  # start off the unit
+    assert not vllm_checkpoint_in_forward(1576, 2000, 1584, 16, 528)  # less than a unit below it
+
+
+def test_vllm_align_chunks():
+    ctx = PlanContext(528)
+    one = plan_prompt(2000, 528, 8192, 0, "vllm-align", ctx=ctx)
+    assert [p.end for p in one] == [2000] and one[0].snapshot_positions == (1584,)  # in-forward checkpoint
+    three = plan_prompt(2000, 528, 1000, 0, "vllm-align", ctx=ctx)
+    assert [p.end for p in three] == [528, 1056, 2000]
+    assert [s for p in three for s in p.snapshot_positions] == [528, 1056, 1584]
+
+
+def test_marks_stop_or_capture():
+    ctx = PlanContext(16, 0, 528, 256)
+    # KV match 992 above restore point 0: the junction.
+    for name, ends, snaps in (("vllm-junction", [528], [528]), ("marconi", [992, 3000], [992]),
+                              ("ours-plus", [3000], [992, 2976])):
+        marks = POLICIES[name].marks(992, 0, 3000, ctx)
+        assert marks == (992,), name
+        plans = plan_prompt(3000, 16, 8192 if name != "vllm-junction" else 528, 0, name, marks=marks, ctx=ctx)
+        assert [p.end for p in plans][:len(ends)] == ends, name
+        assert [s for p in plans for s in p.snapshot_positions][:len(snaps)] == snaps, name
+    # vllm-junction in one budget: the junction stops the chunk (a second forward) ...
+    plans = plan_prompt(3000, 16, 8192, 0, "vllm-junction", marks=(992,), ctx=ctx)
+    assert plans[0].end == 992 and plans[0].snapshot_at_end
+    # ... and the last chunk, though it starts mid-block, exports the tail checkpoint
+    # floor(2999 / 16) * 16 = 2992 in-forward, so it does not stop at the next 528 boundary ...
+    assert [p.end for p in plans] == [992, 3000] and plans[-1].snapshot_positions == (2992,)
+    # ... while a non-last chunk starting mid-block does (then block multiples).
+    plans = plan_prompt(3000, 16, 1200, 0, "vllm-junction", marks=(992,), ctx=ctx)
+    assert [p.end for p in plans] == [992, 1056, 2112, 3000] and plans[-1].snapshot_positions == (2992,)
+    # A last chunk starting less than a unit below the checkpoint cannot export it: it stops there.
+    plans = plan_prompt(3000, 16, 2990, 0, "vllm-junction", ctx=ctx)
+    assert [p.end for p in plans] == [2640, 2992, 3000] and plans[1].snapshot_at_end
+    assert POLICIES["ours-plus"].marks(992, 992, 3000, ctx) == ()  # nothing lost: no mark
+    assert POLICIES["sglang"].marks(0, 0, 3000, ctx) == (2816,)  # floor(2999 / 256) * 256
+    trt = POLICIES["trtllm"].marks(992, 0, 9000, ctx)
+    assert trt == (992, TRTLLM_PERIOD_TOKENS, 2 * TRTLLM_PERIOD_TOKENS, 8992)
+
+
+def test_plan_chunk_keeps_the_seed_figures_with_a_context():
+    ends = [p.end for p in plan_prompt(32772, 16, lambda i: 8193 if i == 0 else 8192, 0, "aligned")]
+    assert ends == [8192, 16384, 24576, 32752, 32772]
+    plan = plan_chunk(0, 100, 100, 16, 0, "legacy", marks=(40,))
+    assert (plan.end, plan.snapshot_at_end) == (40, True)  # legacy stops at a mark
+
+
+def _warm_pair(policy, shared=600, n=1000):
+    """Three requests: A cold, B shares A's first `shared` tokens, C the same prefix as B."""
+    eng = Engine.for_placeholder(policy=policy, block_size=16, prefill_budget=4096, num_kv_blocks=512,
+                                 max_batch_size=1)
+    a = list(range(1, n + 1))
+    b = a[:shared] + [5000 + i for i in range(n - shared)]
+    c = a[:shared] + [9000 + i for i in range(n - shared)]
+    reqs = [eng.add_request(p, max_new_tokens=2) for p in (a, b, c)]
+    eng.run_until_done()
+    return [r.metrics for r in reqs]
+
+
+@pytest.mark.parametrize("policy,b_ends,b_forwards", [("ours-plus", [1000], 1), ("marconi", [592, 1000], 2),
+                                                       ("aligned", [1000], 1)])
+def test_junction_snapshot_serves_the_next_request(policy, b_ends, b_forwards):
+    _, b, c = _warm_pair(policy)
+    assert (b.kv_match_tokens, b.restore_at) == (592, 0)  # 600 floored to 16; nothing there yet
+    assert b.chunk_ends == b_ends and b.prefill_passes == b_forwards
+    if policy == "aligned":
+        assert c.restore_at == 0 and 592 not in b.snapshot_positions
+    else:
+        assert 592 in b.snapshot_positions and (c.kv_match_tokens, c.restore_at) == (592, 592)
+
+
+def _scaled_trace(tmp_path, n=40, scale=24):
+    """The conversation trace's first n lines with lengths divided by `scale` (the sharing of
+    leading 512-token blocks kept): a slice the token-by-token placeholder runs in seconds."""
+    lines = []
+    with gzip.open(TRACES["mooncake-conversation"], "rt") as f:
+        for i, text in zip(range(n), f):
+            o = json.loads(text)
+            length = max(1, o["input_length"] // scale)
+            lines.append({"timestamp": o["timestamp"], "input_length": length,
+                          "output_length": max(1, o["output_length"] // scale),
+                          "hash_ids": o["hash_ids"][:math.ceil(length / 512)]})
+    path = tmp_path / "slice.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.mark.parametrize("policy,budget", [("ours-plus", 0.2), ("vllm-junction", None), ("marconi", 0.2),
+                                           ("legacy", None), ("sglang", None), ("trtllm", 0.13)])
+def test_simulator_equals_the_placeholder_engine(tmp_path, policy, budget):
+    path = _scaled_trace(tmp_path)
+    for reading in ("as-given", "chains"):
+        requests = list(MooncakeTrace(path, reading).requests())
+        runs = [simulate(requests, SimConfig(policy, budget_gb=budget, prefill_budget=256, max_batch_size=4,
+                                             kv_pool_gb=0.05, runner=r)) for r in ("hash", "placeholder")]
+        fast, slow = ([dataclass_tuple(x) for x in run["records"]] for run in runs)
+        assert fast == slow and len(fast) == len(requests)
+        keys = ("kv_hit_tokens", "ssm_hit_tokens", "replayed_tokens", "forwards", "snapshots_saved",
+                "snapshots_evicted", "snapshot_bytes_peak", "ttft_s_p50")
+        assert {k: runs[0]["metrics"][k] for k in keys} == {k: runs[1]["metrics"][k] for k in keys}
+    m = runs[0]["metrics"]
+    assert m["kv_hit_tokens"] > 0 and m["lost_tokens"] == m["kv_hit_tokens"] - m["ssm_hit_tokens"]
+
+
+def dataclass_tuple(record):
+    return (record.index, record.kv_match, record.restore_at, record.replayed, record.forwards,
+            tuple(record.chunk_ends), tuple(record.snapshot_positions), record.ttft_s)
+
+
+def test_hash_runner_catches_a_wrong_restore():
+    from experiments.traces.runner import HashRunner
+    from model.batch import SequenceChunk
+    import torch
+
+    r = HashRunner(1, 4, 4, emit_logits=False)
+    r.forward([SequenceChunk(torch.arange(8), 0, [0, 1], 0)])
+    state = r.read_state(0)
+    r.forward([SequenceChunk(torch.arange(3), 8, [0, 1, 2], 0)])
+    with pytest.raises(AssertionError, match="holds position"):
+        r.forward([SequenceChunk(torch.arange(3), 8, [0, 1, 2], 0)])
+    r.write_state(0, state)
+    r.forward([SequenceChunk(torch.arange(3), 8, [0, 1, 2], 0, kv_cached_len=8)])
+    r.write_state(0, type(state)(8, state.hash + 1, state.nbytes))
+    with pytest.raises(AssertionError, match="disagree"):
+        r.forward([SequenceChunk(torch.arange(3), 8, [0, 1, 2], 0)])
+
+
+def test_command_writes_the_summary(tmp_path):
+    from experiments.traces.__main__ import main
+
+    path = _scaled_trace(tmp_path, n=12)
+    out = tmp_path / "out"
+    assert main(["--trace", "mooncake-conversation", "--trace-file", str(path), "--reading", "as-given,chains",
+                 "--policies", "vllm-align,ours-plus", "--budget-gb", "0.2,inf", "--limit", "12",
+                 "--kv-pool-gb", "0.2", "--prefill-budget", "1024", "--max-batch-size", "4", "--out", str(out),
+                 "--no-plots"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["trace"] == "mooncake-conversation" and s["reading"] == "as-given" and s["shape"] == "bamba-9b"
+    assert s["budget_gb"] == [0.2, None] and s["prompt_tokens"] > 0 and s["device"] and s["torch"]
+    assert set(s["policies"]) == {"vllm-align", "ours-plus"} and set(s["readings"]) == {"as-given", "chains"}
+    for m in s["policies"].values():
+        for key in ("kv_hit_tokens", "ssm_hit_tokens", "lost_tokens", "replayed_tokens", "snapshot_bytes_peak",
+                    "snapshots_saved", "snapshots_evicted", "ttft_s_p50", "ttft_s_p99", "forwards"):
+            assert key in m and set(m["by_budget"]) == {"0.2", "unbounded"}
+    assert s["policies"]["vllm-align"]["block_size"] == 528
+
+
+def test_command_names_a_bad_line(tmp_path, capsys):
+    from experiments.traces.__main__ import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}) + "\n"
+                   + json.dumps({"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [1]}) + "\n")
+    assert main(["--trace", "mooncake-conversation", "--trace-file", str(bad), "--policies", "aligned",
+                 "--out", str(tmp_path / "o")]) == 1
+    assert f"{bad}:2 hash_ids: has 1 ids" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_optimum_marks_restore_every_match_on_a_slice(tmp_path):
+    from experiments.traces.oracle import optimum_marks
+
+    path = _scaled_trace(tmp_path, n=60, scale=16)
+    requests = list(MooncakeTrace(path, "chains").requests())
+    marks = optimum_marks(requests)
+    assert marks and all(0 < m < requests[i].prompt_len for i, ms in marks.items() for m in ms)
+    cfg = dict(prefill_budget=512, max_batch_size=4, kv_pool_gb=1.0)
+    best = simulate(requests, SimConfig("optimum", **cfg), marks)["metrics"]
+    ours = simulate(requests, SimConfig("ours-plus", **cfg))["metrics"]
+    assert best["kv_hit_tokens"] > 0 and best["ssm_hit_tokens"] == best["kv_hit_tokens"]
+    assert best["ssm_hit_tokens"] >= ours["ssm_hit_tokens"]
+
+
+def test_ray_sweep_on_two_cpus_matches_the_shards(tmp_path):
+    pytest.importorskip("ray")
+    from experiments.traces.__main__ import main
+
+    path = _scaled_trace(tmp_path, n=10)
+    common = ["--trace", "mooncake-conversation", "--trace-file", str(path), "--policies", "aligned,ours-plus",
+              "--budget-gb", "0.2,inf", "--kv-pool-gb", "0.2", "--prefill-budget", "1024", "--max-batch-size", "4",
+              "--no-plots"]
+    assert main([*common, "--ray", "--ray-cpus", "2", "--ray-tasks", "2", "--out", str(tmp_path / "ray")]) == 0
+    assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ray", "local"))
+    assert a["config"] == b["config"] and len(list((tmp_path / "ray" / "parts").glob("*.json"))) == 2
+    drop = ("wall_s",)
+    for name in ("aligned", "ours-plus"):
+        for budget in ("0.2", "unbounded"):
+            x, y = a["policies"][name]["by_budget"][budget], b["policies"][name]["by_budget"][budget]
+            assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}
