@@ -68,6 +68,7 @@ VLLM_CONFIGS = {
 PROBES = {
     "default_max_num_batched_tokens": {"drop": ["max_num_batched_tokens"]},
     "mamba_cache_mode_all": {"set": {"mamba_cache_mode": "all"}},
+    "bfloat16": {"set": {"dtype": "bfloat16"}},  # the block vLLM picks in bf16 (the issue saw 384)
 }
 OUR_ENGINE = {"block_size": 16, "prefill_budget": 8192, "max_batch_size": 1, "policy": "aligned",
               "snapshot_interval_blocks": 0}
@@ -380,6 +381,18 @@ def run_probes(python: str, checkpoint: Path, args, workdir: Path) -> list[dict]
     return out
 
 
+def dtype_check(folder: str, backend: str, vocab: int, tokens: int = 2048) -> dict:
+    """Our cold prefill of one prompt in float32 and in bfloat16 (why the comparison runs float32)."""
+    out = {"tokens": tokens}
+    prompt = random_prompt(tokens, vocab, 77)
+    for dtype in ("float32", "bfloat16"):
+        ours = OursPeer(build_model(folder, dtype=dtype, backend=backend), num_kv_blocks=tokens // 8 + 16)
+        ours.run([request(prompt[:256])])  # first-call costs
+        out[f"{dtype}_cold_s"] = ours.run([request(prompt)])[0]["wall_s"]
+    log(f"our dtype check: {out}")
+    return out
+
+
 def start_vllm(args, checkpoint: Path, workdir: Path) -> tuple[dict, dict]:
     peers, readies = {}, {}
     for name in args.vllm_configs:
@@ -422,6 +435,7 @@ def measure(args, workdir: Path) -> dict:
                                    "mooncake": mooncake}[name](systems, vocab, args)
             result["raw"][name]["seconds"] = time.perf_counter() - s0
             result["raw"][name]["loadavg_end"] = list(os.getloadavg())
+            result["raw"][name]["ours_state"] = systems["ours"].state_bytes()
             log(f"{name}: {result['raw'][name]['seconds']:.0f} s")
         result["ours_state"] = systems["ours"].state_bytes()
         result["measure_seconds"] = time.perf_counter() - t0
@@ -429,6 +443,8 @@ def measure(args, workdir: Path) -> dict:
         for p in peers.values():
             p.stop()
     result["probes"] = run_probes(args.vllm_python, Path(folder), args, workdir) if args.probes else []
+    if args.probes:
+        result["our_dtype_check"] = dtype_check(str(folder), args.backend, vocab)
     result["machine_load"] = machine_load(loadavg_start)
     return result
 
