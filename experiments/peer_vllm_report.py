@@ -370,7 +370,10 @@ def report(result: dict) -> str:
         "## Agreement with ours (greedy tokens; first-token top-5 logprobs at vLLM's ids)", "",
         "| vLLM config | scenario | greedy identical | same top-5 ids | max abs logprob diff |", "|---|---|---|---|---|",
         *_agreement_rows(result), "",
-        "## Goals", "", "| goal | vs vLLM config | | measured |", "|---|---|---|---|", *_goal_rows(result), "",
+        "## Goals", "", "`\"systems\".\"vllm\"` in the JSON (and the issue's goals) is vLLM's `default` configuration, "
+        "as its documentation sets up hybrid prefix caching; the `shared_prefix` rows hold ours to the same goals "
+        "against vLLM with `prefix_match_unit` 16 (our block) and the shared-prefix checkpoint switch.", "",
+        "| goal | vs vLLM config | | measured |", "|---|---|---|---|", *_goal_rows(result), "",
         "## State memory", "",
         f"Ours: {_n(ours_mem.get('state_bytes_per_snapshot'))} bytes per snapshot (5 Mamba layers' SSM + conv "
         f"state), {_n(ours_mem.get('state_bytes_held'))} bytes held at the end of the run (unbounded store; after "
