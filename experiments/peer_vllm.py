@@ -87,9 +87,12 @@ def has_vllm(python: str | Path) -> bool:
 
 
 def default_vllm_python() -> str | None:
-    """This interpreter if vllm imports here, else the vLLM venv's python if it exists, else None."""
+    """This interpreter if vllm imports here, else $PEER_VLLM_PYTHON, else the vLLM venv's python if
+    it exists, else None."""
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
+    if os.environ.get("PEER_VLLM_PYTHON"):
+        return os.environ["PEER_VLLM_PYTHON"]
     return str(DEFAULT_VLLM_VENV_PYTHON) if DEFAULT_VLLM_VENV_PYTHON.is_file() else None
 
 
