@@ -3,8 +3,8 @@
 Contract and layout: `kernels.contracts.paged_attention`; the oracles they are tested against:
 `kernels.reference.paged_attention`. `paged_attention_cpu` is written for speed as well as
 clarity: one gather per sequence, then torch's fused `scaled_dot_product_attention` in fp32
-(its CPU flash kernel never materializes the scores: 2.8x faster than matmul + softmax for 8192
-causal queries, 4 heads of 64), query rows processed in blocks so that the boolean mask of a
+(its CPU flash kernel never materializes the scores; the timing against matmul + softmax is in
+results/LOG.md, 2026-12-01), query rows processed in blocks so that the boolean mask of a
 prefill chunk over a cached prefix stays bounded by `SCORE_BYTES`.
 """
 
