@@ -39,6 +39,7 @@ metadata (`kernels.contracts.packed`) and passes the plan to every layer: no syn
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 
 import torch
@@ -49,6 +50,7 @@ from kernels.checks import require
 from kernels.contracts.packed import IntTables, Table
 from kernels.contracts.ssd import NO_LIMIT, SSDScanOutput, check_ssd_scan_args
 from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens, check_state_pool
+from kernels.ssd_configs import device_capability, tile_config
 from kernels.variants import KernelVariant, aligned_args
 
 __all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE", "SSDScanPlan", "plan_ssd_scan"]
@@ -337,36 +339,8 @@ def _ssd_chunk_scan_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# tile configs: fixed, chosen by a small heuristic (the compile check builds exactly these)
+# tile configs: a per-device table (`kernels.ssd_configs`; the compile check builds its entries)
 # ---------------------------------------------------------------------------------------------
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def tile_config(chunk: int, H: int, P: int, N: int, dtype: torch.dtype) -> dict[str, int]:
-    """Fixed tiles (tl.dot needs >= 16 a side on a GPU). Chosen with the compile check on sm_80/90:
-    64-row tiles need 8 warps (at 4 the bmm and chunk_scan ran at 255 registers and spilled), and
-    the 32-wide K steps halve the live (rows x K) decay and pointer tiles."""
-    block_m = min(64, chunk)
-    return dict(
-        cumsum_block_h=min(_pow2(H), max(1, 2048 // chunk)),  # 2048 fp32 per program
-        bmm_block_m=block_m,
-        bmm_block_k=max(16, min(32, _pow2(N))),
-        state_block_p=max(16, min(64, _pow2(P))),
-        state_block_n=max(16, min(64, _pow2(N))),
-        state_block_k=min(32, chunk),
-        pass_block=min(1024, _pow2(P * N)),
-        scan_block_m=block_m,
-        scan_block_p=max(16, min(64, _pow2(P))),
-        scan_block_n=max(16, min(32, _pow2(N))),
-        scan_block_k=min(32, chunk),
-        warps=8 if block_m >= 64 else 4,
-        stages=3,  # Triton's default, passed explicitly so the compile check builds what runs
-        # fp32 chunk_scan at 3 stages sat at 128 registers and spilled 4 B on sm_80; at 2: 178, none
-        scan_stages=2 if dtype == torch.float32 else 3,
-    )
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -471,7 +445,7 @@ def ssd_scan(
     seq_chunks = plan.seq_chunks.t
 
     L = chunk_size
-    cfg = tile_config(L, H, P, N, x.dtype)
+    cfg = tile_config(L, H, P, N, x.dtype, device_capability(dev))
     prec = _dot_precision(x.dtype)
     dt_out = _empty((nc, H, L), torch.float32, dev)
     dA_cs = _empty((nc, H, L), torch.float32, dev)
@@ -493,7 +467,7 @@ def ssd_scan(
         B, C, chunk_start, chunk_len, CB,
         G, N,
         *B.stride(), *C.stride(),
-        CHUNK=L, BLOCK_M=bm, BLOCK_K=cfg["bmm_block_k"], DOT_PRECISION=prec, num_warps=cfg["warps"],
+        CHUNK=L, BLOCK_M=bm, BLOCK_K=cfg["bmm_block_k"], DOT_PRECISION=prec, num_warps=cfg["bmm_warps"],
         num_stages=cfg["stages"],
     )
     bp, bn = cfg["state_block_p"], cfg["state_block_n"]
@@ -502,7 +476,7 @@ def ssd_scan(
         H, P, N, H // G,
         *x.stride(), *B.stride(),
         CHUNK=L, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec,
-        num_warps=cfg["warps"], num_stages=cfg["stages"],
+        num_warps=cfg["state_warps"], num_stages=cfg["stages"],
     )
     blk = cfg["pass_block"]
     _ssd_state_passing_kernel[(triton.cdiv(P * N, blk), H, S)](
@@ -517,7 +491,7 @@ def ssd_scan(
         H, P, N, G, H // G,
         *x.stride(), *C.stride(),
         CHUNK=L, BLOCK_M=sm, BLOCK_P=sp, BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"],
-        HAS_D=D is not None, DOT_PRECISION=prec, num_warps=cfg["warps"], num_stages=cfg["scan_stages"],
+        HAS_D=D is not None, DOT_PRECISION=prec, num_warps=cfg["scan_warps"], num_stages=cfg["scan_stages"],
     )
     return SSDScanOutput(out, final, captured)
 
@@ -534,55 +508,60 @@ def _signature(fn, types: dict[str, str], constexprs: dict) -> dict[str, str]:
     return {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
 
 
+COMPILE_TARGETS = ((9, 0), (8, 0))  # the capabilities whose table entries the compile check builds
+
+
 def compile_variants() -> list[KernelVariant]:
-    """The model's shapes: P=64, N in {64, 128}, chunk 256, fp32/bf16/fp16 inputs; last-dim
-    strides are 1 as the JIT specializes them, pointers and sizes 16-divisible as it sees them at
-    Bamba-9B's shapes, Triton's default 3 stages as the launches use."""
+    """The model's shapes: P=64, N in {64, 128}, chunk 256, fp32/bf16/fp16 inputs, each built for
+    sm_90 and sm_80 with that device's entry of the tile table (`kernels.ssd_configs`, as the
+    launches pick it); last-dim strides are 1 as the JIT specializes them, pointers and sizes
+    16-divisible as it sees them at Bamba-9B's shapes."""
     variants = []
     seen = set()
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    for capability, dtype, N in itertools.product(COMPILE_TARGETS, (torch.bfloat16, torch.float16, torch.float32),
+                                                  (64, 128)):
+        cc = capability[0] * 10 + capability[1]
         td = _TRITON_DTYPE[dtype]
         prec = _dot_precision(dtype)
-        for N in (64, 128):
-            H, P, L = 128, 64, DEFAULT_CHUNK_SIZE
-            cfg = tile_config(L, H, P, N, dtype)
-            specs = [
-                ("chunk_cumsum", _ssd_chunk_cumsum_kernel,
-                 {"dt": f"*{td}", "dt_bias": "*fp32", "A": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32",
-                  "dt_out": "*fp32", "dA_cs": "*fp32", "dt_min": "fp32", "dt_max": "fp32"},
-                 dict(stride_dt_h=1, CHUNK=L, BLOCK_H=cfg["cumsum_block_h"], HAS_BIAS=True, SOFTPLUS=True,
-                      HAS_LIMIT=True), 4, cfg["stages"]),
-                ("bmm", _ssd_bmm_kernel,
-                 {"B": f"*{td}", "C": f"*{td}", "chunk_start": "*i32", "chunk_len": "*i32", "CB": "*fp32"},
-                 dict(stride_b_n=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["bmm_block_m"], BLOCK_K=cfg["bmm_block_k"],
-                      DOT_PRECISION=prec), cfg["warps"], cfg["stages"]),
-                ("chunk_state", _ssd_chunk_state_kernel,
-                 {"x": f"*{td}", "B": f"*{td}", "dt_out": "*fp32", "dA_cs": "*fp32", "chunk_start": "*i32",
-                  "chunk_len": "*i32", "chunk_states": "*fp32"},
-                 dict(stride_x_p=1, stride_b_n=1, CHUNK=L, BLOCK_P=cfg["state_block_p"],
-                      BLOCK_N=cfg["state_block_n"], BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec), cfg["warps"],
-                 cfg["stages"]),
-                ("state_passing", _ssd_state_passing_kernel,
-                 {"chunk_states": "*fp32", "dA_cs": "*fp32", "seq_chunks": "*i32", "chunk_capture": "*i32",
-                  "initial_states": "*fp32", "final_states": "*fp32", "captured_states": "*fp32",
-                  "state_slots": "*i32", "states_in": f"*{td}"},
-                 dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True, POOL=True), 4, cfg["stages"]),
-                ("chunk_scan", _ssd_chunk_scan_kernel,
-                 {"x": f"*{td}", "C": f"*{td}", "D": "*fp32", "CB": "*fp32", "states_in": f"*{td}", "dt_out": "*fp32",
-                  "dA_cs": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32", "y": f"*{td}"},
-                 dict(stride_x_p=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["scan_block_m"], BLOCK_P=cfg["scan_block_p"],
-                      BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"], HAS_D=True, DOT_PRECISION=prec),
-                 cfg["warps"], cfg["scan_stages"]),
-            ]
-            for stage, fn, types, consts, warps, stages in specs:
-                key = (stage, td, tuple(sorted(consts.items())))
-                if key in seen:
-                    continue
-                seen.add(key)
-                name = f"ssm/ssd_scan/{stage}/{td}/L{L}"  # N is a runtime loop: one build serves 64 and 128
-                sig = _signature(fn, types, consts)
-                # stride_dt_t / stride_x_t etc.: projection views of Bamba-9B (16768, 8448 wide) are
-                # multiples of 16; so are H=128, P=64, N=128 and P*N
-                variants.append(KernelVariant(name, fn, sig, consts, num_warps=warps, num_stages=stages,
-                                              divisible_by_16=aligned_args(fn, sig, consts)))
+        H, P, L = 128, 64, DEFAULT_CHUNK_SIZE
+        cfg = tile_config(L, H, P, N, dtype, capability)
+        specs = [
+            ("chunk_cumsum", _ssd_chunk_cumsum_kernel,
+             {"dt": f"*{td}", "dt_bias": "*fp32", "A": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32",
+              "dt_out": "*fp32", "dA_cs": "*fp32", "dt_min": "fp32", "dt_max": "fp32"},
+             dict(stride_dt_h=1, CHUNK=L, BLOCK_H=cfg["cumsum_block_h"], HAS_BIAS=True, SOFTPLUS=True,
+                  HAS_LIMIT=True), 4, cfg["stages"]),
+            ("bmm", _ssd_bmm_kernel,
+             {"B": f"*{td}", "C": f"*{td}", "chunk_start": "*i32", "chunk_len": "*i32", "CB": "*fp32"},
+             dict(stride_b_n=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["bmm_block_m"], BLOCK_K=cfg["bmm_block_k"],
+                  DOT_PRECISION=prec), cfg["bmm_warps"], cfg["stages"]),
+            ("chunk_state", _ssd_chunk_state_kernel,
+             {"x": f"*{td}", "B": f"*{td}", "dt_out": "*fp32", "dA_cs": "*fp32", "chunk_start": "*i32",
+              "chunk_len": "*i32", "chunk_states": "*fp32"},
+             dict(stride_x_p=1, stride_b_n=1, CHUNK=L, BLOCK_P=cfg["state_block_p"],
+                  BLOCK_N=cfg["state_block_n"], BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec),
+             cfg["state_warps"], cfg["stages"]),
+            ("state_passing", _ssd_state_passing_kernel,
+             {"chunk_states": "*fp32", "dA_cs": "*fp32", "seq_chunks": "*i32", "chunk_capture": "*i32",
+              "initial_states": "*fp32", "final_states": "*fp32", "captured_states": "*fp32",
+              "state_slots": "*i32", "states_in": f"*{td}"},
+             dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True, POOL=True), 4, cfg["stages"]),
+            ("chunk_scan", _ssd_chunk_scan_kernel,
+             {"x": f"*{td}", "C": f"*{td}", "D": "*fp32", "CB": "*fp32", "states_in": f"*{td}", "dt_out": "*fp32",
+              "dA_cs": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32", "y": f"*{td}"},
+             dict(stride_x_p=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["scan_block_m"], BLOCK_P=cfg["scan_block_p"],
+                  BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"], HAS_D=True, DOT_PRECISION=prec),
+             cfg["scan_warps"], cfg["scan_stages"]),
+        ]
+        for stage, fn, types, consts, warps, stages in specs:
+            key = (cc, stage, td, tuple(sorted(consts.items())), warps, stages)
+            if key in seen:
+                continue
+            seen.add(key)
+            name = f"ssm/ssd_scan/{stage}/{td}/L{L}"  # N is a runtime loop: one build serves 64 and 128
+            sig = _signature(fn, types, consts)
+            # stride_dt_t / stride_x_t etc.: projection views of Bamba-9B (16768, 8448 wide) are
+            # multiples of 16; so are H=128, P=64, N=128 and P*N
+            variants.append(KernelVariant(name, fn, sig, consts, num_warps=warps, num_stages=stages,
+                                          divisible_by_16=aligned_args(fn, sig, consts), targets=(cc,)))
     return variants
