@@ -16,8 +16,8 @@ first; zeros when none is given). One launch has two kinds of programs:
 States are kept in x's dtype (raw inputs: lossless). x (T, D) may be a strided view.
 
 Pool mode (`state_pool`, `state_slots`): sequence s starts from `state_pool[state_slots[s]]` and
-its final state goes back there, with no gather before or scatter after (a gather and a scatter
-move 2 x 3 x D x 2 B = 100 KB a sequence at D = 8448, bf16, in two more launches). The final state
+its final state goes back there, with no gather before or scatter after (each would read and
+write 3 x D x 2 B = 51 KB a sequence at D = 8448, bf16, in a launch of its own). The final state
 cannot be written by the main launch: the token tiles and captures at o < 3 of the same sequence
 read that slot as their initial state, and a sequence shorter than 3 tokens keeps part of it in
 its final state, so a state program writing the slot would race them. The finals are written by

@@ -28,8 +28,8 @@ one projection). Internals: dt'/dA_cs (nc, H, L) fp32, CB (nc, G, L, L) fp32,
 chunk states (nc, H, P, N) fp32, states entering each chunk (nc, H, P, N) in x's dtype (the
 chunk states' own buffer when x is fp32). Entering states in bf16 halve the stage-4 store and
 the stage-5 load of the largest intermediate: 268 MB instead of 537 MB each at T=32K, H=128,
-P=64, N=128 (nc=128); stage 5 cast them to bf16 before its dot already, so y is bit-identical.
-Captured and final states stay fp32 (they are carried on).
+P=64, N=128 (nc=128), for 268 MB more scratch beside the fp32 chunk states; stage 5 cast them to
+bf16 before its dot already, so y is bit-identical. Captured and final states stay fp32.
 Called alone, `ssd_scan` reads `cu_seqlens` on the host (one sync) to build the chunk table and
 size the grid, and uploads the table (one blocking copy). A model step instead builds the table
 once on the host from its own integers (`plan_ssd_scan`), uploads it with the step's other
