@@ -50,7 +50,9 @@ class CompileResult:
     wgmma: bool = False  # the PTX has Hopper warpgroup MMAs (wgmma.mma_async)
     mma: bool = False  # ... any tensor-core MMA (mma.sync or wgmma)
     cp_async: bool = False  # ... asynchronous global-to-shared copies (cp.async / TMA bulk copies)
+    mma_shapes: str = ""  # the MMA instruction shapes in the PTX, e.g. "m64n64k16" (wgmma) or "m16n8k16"
     num_stages: int = -1
+    num_warps: int = -1
     error: str = ""
 
 
@@ -128,7 +130,9 @@ def compile_variant(variant: KernelVariant, cc: int, arch: str) -> CompileResult
         wgmma="wgmma.mma_async" in ptx,
         mma="wgmma.mma_async" in ptx or "mma.sync" in ptx,
         cp_async="cp.async" in ptx,
+        mma_shapes=",".join(sorted(set(re.findall(r"(?:wgmma\.mma_async|mma)\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))),
         num_stages=variant.num_stages,
+        num_warps=variant.num_warps,
     )
 
 
@@ -143,13 +147,14 @@ def check_all(name_filter: str = "") -> list[CompileResult]:
         if name_filter and name_filter not in variant.name:
             continue
         for cc, arch in TARGETS:
-            results.append(compile_variant(variant, cc, arch))
+            if not variant.targets or cc in variant.targets:
+                results.append(compile_variant(variant, cc, arch))
     return results
 
 
 def format_table(results: list[CompileResult]) -> str:
     head = (f"{'variant':<56} {'arch':<6} {'regs':>5} {'smem B':>8} {'local B':>8} {'spill st/ld B':>14} "
-            f"{'st':>2} ptx")
+            f"{'st':>2} {'w':>2} ptx")
     lines = [head, "-" * len(head)]
     for r in results:
         if r.ok:
@@ -157,7 +162,8 @@ def format_table(results: list[CompileResult]) -> str:
                                               ("cp.async", r.cp_async)) if on)
             lines.append(
                 f"{r.variant:<56} {r.arch:<6} {r.registers:>5} {r.shared_bytes:>8} {r.local_bytes:>8} "
-                f"{r.spill_store_bytes:>6}/{r.spill_load_bytes:<7} {r.num_stages:>2} {feats}"
+                f"{r.spill_store_bytes:>6}/{r.spill_load_bytes:<7} {r.num_stages:>2} {r.num_warps:>2} {feats}"
+                f"{' ' + r.mma_shapes if r.mma_shapes else ''}"
             )
         else:
             lines.append(f"{r.variant:<56} {r.arch:<6} FAILED: {r.error.splitlines()[0] if r.error else ''}")

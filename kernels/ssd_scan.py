@@ -25,7 +25,11 @@ a second host-built chunk table and its copy) and a host round trip between them
 
 Layouts: x (T, H, P), dt (T, H), B/C (T, G, N) may have any strides (the model passes views of
 one projection). Internals: dt'/dA_cs (nc, H, L) fp32, CB (nc, G, L, L) fp32,
-states (nc, H, P, N) fp32 (chunk states, overwritten in place by the state entering each chunk).
+chunk states (nc, H, P, N) fp32, states entering each chunk (nc, H, P, N) in x's dtype (the
+chunk states' own buffer when x is fp32). Entering states in bf16 halve the stage-4 store and
+the stage-5 load of the largest intermediate: 268 MB instead of 537 MB each at T=32K, H=128,
+P=64, N=128 (nc=128), for 268 MB more scratch beside the fp32 chunk states; stage 5 cast them to
+bf16 before its dot already, so y is bit-identical. Captured and final states stay fp32.
 Called alone, `ssd_scan` reads `cu_seqlens` on the host (one sync) to build the chunk table and
 size the grid, and uploads the table (one blocking copy). A model step instead builds the table
 once on the host from its own integers (`plan_ssd_scan`), uploads it with the step's other
@@ -35,17 +39,18 @@ metadata (`kernels.contracts.packed`) and passes the plan to every layer: no syn
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import debug_checks, require
+from kernels.checks import require
 from kernels.contracts.packed import IntTables, Table
 from kernels.contracts.ssd import NO_LIMIT, SSDScanOutput, check_ssd_scan_args
-from kernels.contracts.tensors import INDEX_DTYPES, check_tensor
-from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens, check_slot_idx
+from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens, check_state_pool
+from kernels.ssd_configs import device_capability, tile_config
 from kernels.variants import KernelVariant, aligned_args
 
 __all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE", "SSDScanPlan", "plan_ssd_scan"]
@@ -66,6 +71,35 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr):
         return tl.dot(a, b, input_precision=DOT_PRECISION)
 
 
+# ---- program order: the tiles of one (chunk, head) are adjacent programs -----------------------
+# Every chunk-parallel stage runs on a 1-D grid, tile fastest, then head (or group), then chunk.
+# The stage-5 m-tiles of one (chunk, head) share its entering state (P x N: 32 KB fp32, 16 KB
+# bf16) and x rows; all heads of a group share CB (L x L fp32: 256 KB) and C. With chunks fastest
+# (the old 3-D grid) the L/BLOCK_M = 4 m-tiles of one (chunk, head) ran nc*H = 16K programs apart
+# at T=32K (nc=128, H=128, P=64, N=128): ~50 waves of ~300 resident programs reading ~100 KB
+# each, so the 50 MB L2 had turned over ~30 times and every m-tile re-read the state from HBM:
+# 4 x 537 MB = 2.1 GB of fp32 states where 537 MB (268 MB in bf16) is needed. Adjacent, the 4
+# run in one wave and the state comes from HBM once; CB is reused by the group's H/G x 4
+# consecutive programs (512 at G=1). Stage 3's N/BLOCK_N = 2 tiles of a (chunk, head) share x
+# (537 MB at T=32K: read once instead of twice), stage 2's NT^2 tiles of a (chunk, group) share
+# C and B rows. A 1-D grid also lifts the 65535 limit of grid axes 1 and 2 off the chunk count.
+
+
+@triton.jit
+def _unflatten2(n_fast):
+    """The flat program id as (fast index, slow index (int64))."""
+    pid = tl.program_id(0)
+    return pid % n_fast, (pid // n_fast).to(tl.int64)
+
+
+@triton.jit
+def _unflatten3(n_fast, n_mid):
+    """The flat program id as (fast index, middle index (int64), slow index (int64))."""
+    pid = tl.program_id(0)
+    rest = pid // n_fast
+    return pid % n_fast, (rest % n_mid).to(tl.int64), (rest // n_mid).to(tl.int64)
+
+
 @triton.jit
 def _ssd_chunk_cumsum_kernel(
     # pointers
@@ -78,7 +112,8 @@ def _ssd_chunk_cumsum_kernel(
     CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
 ):
-    i_c, i_hb = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    n_hb = tl.cdiv(H, BLOCK_H)
+    i_hb, i_c = _unflatten2(n_hb)
     bos = tl.load(chunk_start + i_c).to(tl.int64)
     n = tl.load(chunk_len + i_c)
     o_l = tl.arange(0, CHUNK)
@@ -119,8 +154,8 @@ def _ssd_bmm_kernel(
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """CB[c, g, i, j] = C_i . B_j for the lower-triangular (BLOCK_M x BLOCK_M) tiles of a chunk."""
-    i_c, i_g, i_mn = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2)
     NT: tl.constexpr = CHUNK // BLOCK_M
+    i_mn, i_g, i_c = _unflatten3(NT * NT, G)
     i_m, i_n = i_mn // NT, i_mn % NT
     n = tl.load(chunk_len + i_c)
     if (i_n > i_m) | (i_m * BLOCK_M >= n):  # above the diagonal or past the chunk: never read
@@ -149,7 +184,7 @@ def _ssd_bmm_kernel(
 @triton.jit
 def _ssd_chunk_state_kernel(
     # pointers
-    x, B, dt_out, dA_cs, chunk_start, chunk_len, states,
+    x, B, dt_out, dA_cs, chunk_start, chunk_len, chunk_states,
     # sizes
     H, P, N, HEADS_PER_GROUP,
     # strides
@@ -158,9 +193,9 @@ def _ssd_chunk_state_kernel(
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """states[c, h] = sum_j x_j^T (exp(dA_last - dA_j) dt'_j B_j): a (P x L) @ (L x N) product."""
-    i_c, i_h, i_pn = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    """chunk_states[c, h] = sum_j x_j^T (exp(dA_last - dA_j) dt'_j B_j): a (P x L) @ (L x N) product."""
     n_nt = tl.cdiv(N, BLOCK_N)
+    i_pn, i_h, i_c = _unflatten3(tl.cdiv(P, BLOCK_P) * n_nt, H)
     i_p, i_n = i_pn // n_nt, i_pn % n_nt
     i_g = i_h // HEADS_PER_GROUP
     bos = tl.load(chunk_start + i_c).to(tl.int64)
@@ -186,14 +221,15 @@ def _ssd_chunk_state_kernel(
         b_scale = tl.exp(b_cs_last - tl.load(p_cs + o_t)) * tl.load(p_dt + o_t)  # pads: dt' = 0
         b_b = (b_b * b_scale[:, None]).to(b_x.dtype)
         b_acc += _dot(b_x, b_b, DOT_PRECISION)
-    p_st = states + (i_c * H + i_h) * P * N + o_p[:, None] * N + o_n[None, :]
+    p_st = chunk_states + (i_c * H + i_h) * P * N + o_p[:, None] * N + o_n[None, :]
     tl.store(p_st, b_acc, mask=m_p[:, None] & m_n[None, :])
 
 
 @triton.jit
 def _ssd_state_passing_kernel(
     # pointers
-    states, dA_cs, seq_chunks, chunk_capture, initial_states, final_states, captured_states, state_slots,
+    chunk_states, dA_cs, seq_chunks, chunk_capture, initial_states, final_states, captured_states, state_slots,
+    states_in,
     # sizes
     H, PN,
     # meta
@@ -201,8 +237,10 @@ def _ssd_state_passing_kernel(
 ):
     """Walks one sequence's chunks for one head and a BLOCK of its P*N state elements.
 
-    Reads each chunk's own state, overwrites it with the state *entering* the chunk (what stage 5
-    needs), and carries state = exp(dA_total) * state + chunk_state. A chunk cut at a capture
+    Reads each chunk's own state (fp32), stores the state *entering* the chunk into states_in (what
+    stage 5 needs, in x's dtype: stage 5 rounds it to that dtype for its dot anyway), and carries
+    state = exp(dA_total) * state + chunk_state in fp32. With fp32 x, states_in is chunk_states
+    itself (each element read, then overwritten, by this one program). A chunk cut at a capture
     offset has `chunk_capture >= 0`: the state after it is stored there as well (the capture).
     POOL: initial_states and final_states are one state pool, row `state_slots[s]` for sequence s
     (read first, written last by this same program: no other program touches those elements)."""
@@ -220,9 +258,8 @@ def _ssd_state_passing_kernel(
     c_hi = tl.load(seq_chunks + i_s + 1)
     for i in range(0, c_hi - c_lo):
         c64 = (c_lo + i).to(tl.int64)
-        p_st = states + (c64 * H + i_h) * PN + o
-        b_new = tl.load(p_st, mask=m, other=0.0)
-        tl.store(p_st, b_s, mask=m)
+        b_new = tl.load(chunk_states + (c64 * H + i_h) * PN + o, mask=m, other=0.0)
+        tl.store(states_in + (c64 * H + i_h) * PN + o, b_s.to(states_in.dtype.element_ty), mask=m)
         b_decay = tl.exp(tl.load(dA_cs + (c64 * H + i_h) * CHUNK + CHUNK - 1))
         b_s = b_decay * b_s + b_new
         i_k = tl.load(chunk_capture + c64).to(tl.int64)
@@ -234,7 +271,7 @@ def _ssd_state_passing_kernel(
 @triton.jit
 def _ssd_chunk_scan_kernel(
     # pointers
-    x, C, D, CB, states, dt_out, dA_cs, chunk_start, chunk_len, y,
+    x, C, D, CB, states_in, dt_out, dA_cs, chunk_start, chunk_len, y,
     # sizes
     H, P, N, G, HEADS_PER_GROUP,
     # strides
@@ -244,8 +281,8 @@ def _ssd_chunk_scan_kernel(
     BLOCK_K: tl.constexpr, HAS_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """y rows [i_m*BLOCK_M, +BLOCK_M) of one chunk and head, for a BLOCK_P slice of P."""
-    i_c, i_h, i_mp = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2)
     n_pt = tl.cdiv(P, BLOCK_P)
+    i_mp, i_h, i_c = _unflatten3((CHUNK // BLOCK_M) * n_pt, H)
     i_m, i_p = i_mp // n_pt, i_mp % n_pt
     n = tl.load(chunk_len + i_c)
     if i_m * BLOCK_M >= n:  # a chunk shortened by a capture cut or a sequence end
@@ -263,7 +300,7 @@ def _ssd_chunk_scan_kernel(
     # from the state entering the chunk: (C_m @ state^T) * exp(dA_m)
     x_base = x + bos * stride_x_t + i_h * stride_x_h
     C_base = C + bos * stride_c_t + i_g * stride_c_g
-    S_base = states + (i_c * H + i_h) * P * N
+    S_base = states_in + (i_c * H + i_h) * P * N
     CB_base = CB + (i_c * G + i_g) * CHUNK * CHUNK
     b_acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
     for n0 in range(0, N, BLOCK_N):
@@ -302,36 +339,8 @@ def _ssd_chunk_scan_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# tile configs: fixed, chosen by a small heuristic (the compile check builds exactly these)
+# tile configs: a per-device table (`kernels.ssd_configs`; the compile check builds its entries)
 # ---------------------------------------------------------------------------------------------
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def tile_config(chunk: int, H: int, P: int, N: int, dtype: torch.dtype) -> dict[str, int]:
-    """Fixed tiles (tl.dot needs >= 16 a side on a GPU). Chosen with the compile check on sm_80/90:
-    64-row tiles need 8 warps (at 4 the bmm and chunk_scan ran at 255 registers and spilled), and
-    the 32-wide K steps halve the live (rows x K) decay and pointer tiles."""
-    block_m = min(64, chunk)
-    return dict(
-        cumsum_block_h=min(_pow2(H), max(1, 2048 // chunk)),  # 2048 fp32 per program
-        bmm_block_m=block_m,
-        bmm_block_k=max(16, min(32, _pow2(N))),
-        state_block_p=max(16, min(64, _pow2(P))),
-        state_block_n=max(16, min(64, _pow2(N))),
-        state_block_k=min(32, chunk),
-        pass_block=min(1024, _pow2(P * N)),
-        scan_block_m=block_m,
-        scan_block_p=max(16, min(64, _pow2(P))),
-        scan_block_n=max(16, min(32, _pow2(N))),
-        scan_block_k=min(32, chunk),
-        warps=8 if block_m >= 64 else 4,
-        stages=3,  # Triton's default, passed explicitly so the compile check builds what runs
-        # fp32 chunk_scan at 3 stages sat at 128 registers and spilled 4 B on sm_80; at 2: 178, none
-        scan_stages=2 if dtype == torch.float32 else 3,
-    )
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -416,14 +425,10 @@ def ssd_scan(
                 f"made for capture offsets {plan.offsets} and chunk {plan.chunk_size}, "
                 f"called with {offsets} and {chunk_size}")
     if state_pool is not None:
-        require(initial_states is None, "initial_states", "must be None when the states come from state_pool")
-        require(state_slots is not None, "state_slots", "needed with state_pool")
-        check_tensor("state_pool", state_pool, (None, x.shape[1], x.shape[2], B.shape[2]), (torch.float32,), x.device)
-        require(state_pool.is_contiguous(), "state_pool", "must be contiguous (updated in place)")
-        S_pool = len(seqlens)
-        check_tensor("state_slots", state_slots, (S_pool,), INDEX_DTYPES, x.device)
-        if debug_checks():
-            check_slot_idx(state_slots, state_pool.shape[0], S_pool)
+        check_state_pool(state_pool, state_slots, (x.shape[1], x.shape[2], B.shape[2]), (torch.float32,), x.device,
+                         len(seqlens), initial_states)
+    else:
+        require(state_slots is None, "state_slots", "given without state_pool")
     T, H, P = x.shape
     G, N = B.shape[1:]
     S = len(seqlens)
@@ -440,16 +445,17 @@ def ssd_scan(
     seq_chunks = plan.seq_chunks.t
 
     L = chunk_size
-    cfg = tile_config(L, H, P, N, x.dtype)
+    cfg = tile_config(L, H, P, N, x.dtype, device_capability(dev))
     prec = _dot_precision(x.dtype)
     dt_out = _empty((nc, H, L), torch.float32, dev)
     dA_cs = _empty((nc, H, L), torch.float32, dev)
     CB = _empty((nc, G, L, L), torch.float32, dev)  # tiles above the diagonal are never written nor read
-    states = _empty((nc, H, P, N), torch.float32, dev)
+    chunk_states = _empty((nc, H, P, N), torch.float32, dev)
+    states_in = chunk_states if x.dtype == torch.float32 else _empty((nc, H, P, N), x.dtype, dev)
     has_limit = tuple(limit) != NO_LIMIT
     init = initial_states.contiguous() if initial_states is not None else None
 
-    _ssd_chunk_cumsum_kernel[(nc, triton.cdiv(H, cfg["cumsum_block_h"]))](
+    _ssd_chunk_cumsum_kernel[(nc * triton.cdiv(H, cfg["cumsum_block_h"]),)](
         dt, dt_bias, A, chunk_start, chunk_len, dt_out, dA_cs,
         H, limit[0], limit[1],
         dt.stride(0), dt.stride(1),
@@ -457,35 +463,35 @@ def ssd_scan(
         HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus), HAS_LIMIT=has_limit, num_stages=cfg["stages"],
     )
     bm = cfg["bmm_block_m"]
-    _ssd_bmm_kernel[(nc, G, (L // bm) ** 2)](
+    _ssd_bmm_kernel[(nc * G * (L // bm) ** 2,)](
         B, C, chunk_start, chunk_len, CB,
         G, N,
         *B.stride(), *C.stride(),
-        CHUNK=L, BLOCK_M=bm, BLOCK_K=cfg["bmm_block_k"], DOT_PRECISION=prec, num_warps=cfg["warps"],
+        CHUNK=L, BLOCK_M=bm, BLOCK_K=cfg["bmm_block_k"], DOT_PRECISION=prec, num_warps=cfg["bmm_warps"],
         num_stages=cfg["stages"],
     )
     bp, bn = cfg["state_block_p"], cfg["state_block_n"]
-    _ssd_chunk_state_kernel[(nc, H, triton.cdiv(P, bp) * triton.cdiv(N, bn))](
-        x, B, dt_out, dA_cs, chunk_start, chunk_len, states,
+    _ssd_chunk_state_kernel[(nc * H * triton.cdiv(P, bp) * triton.cdiv(N, bn),)](
+        x, B, dt_out, dA_cs, chunk_start, chunk_len, chunk_states,
         H, P, N, H // G,
         *x.stride(), *B.stride(),
         CHUNK=L, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec,
-        num_warps=cfg["warps"], num_stages=cfg["stages"],
+        num_warps=cfg["state_warps"], num_stages=cfg["stages"],
     )
     blk = cfg["pass_block"]
     _ssd_state_passing_kernel[(triton.cdiv(P * N, blk), H, S)](
-        states, dA_cs, seq_chunks, chunk_capture, state_pool if state_pool is not None else init, final, captured,
-        state_slots, H, P * N,
+        chunk_states, dA_cs, seq_chunks, chunk_capture, state_pool if state_pool is not None else init, final,
+        captured, state_slots, states_in, H, P * N,
         CHUNK=L, BLOCK=blk, HAS_INIT=init is not None or state_pool is not None, POOL=state_pool is not None,
         num_stages=cfg["stages"],
     )
     sm, sp = cfg["scan_block_m"], cfg["scan_block_p"]
-    _ssd_chunk_scan_kernel[(nc, H, (L // sm) * triton.cdiv(P, sp))](
-        x, C, D, CB, states, dt_out, dA_cs, chunk_start, chunk_len, out,
+    _ssd_chunk_scan_kernel[(nc * H * (L // sm) * triton.cdiv(P, sp),)](
+        x, C, D, CB, states_in, dt_out, dA_cs, chunk_start, chunk_len, out,
         H, P, N, G, H // G,
         *x.stride(), *C.stride(),
         CHUNK=L, BLOCK_M=sm, BLOCK_P=sp, BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"],
-        HAS_D=D is not None, DOT_PRECISION=prec, num_warps=cfg["warps"], num_stages=cfg["scan_stages"],
+        HAS_D=D is not None, DOT_PRECISION=prec, num_warps=cfg["scan_warps"], num_stages=cfg["scan_stages"],
     )
     return SSDScanOutput(out, final, captured)
 
@@ -502,55 +508,60 @@ def _signature(fn, types: dict[str, str], constexprs: dict) -> dict[str, str]:
     return {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
 
 
+COMPILE_TARGETS = ((9, 0), (8, 0))  # the capabilities whose table entries the compile check builds
+
+
 def compile_variants() -> list[KernelVariant]:
-    """The model's shapes: P=64, N in {64, 128}, chunk 256, fp32/bf16/fp16 inputs; last-dim
-    strides are 1 as the JIT specializes them, pointers and sizes 16-divisible as it sees them at
-    Bamba-9B's shapes, Triton's default 3 stages as the launches use."""
+    """The model's shapes: P=64, N in {64, 128}, chunk 256, fp32/bf16/fp16 inputs, each built for
+    sm_90 and sm_80 with that device's entry of the tile table (`kernels.ssd_configs`, as the
+    launches pick it); last-dim strides are 1 as the JIT specializes them, pointers and sizes
+    16-divisible as it sees them at Bamba-9B's shapes."""
     variants = []
     seen = set()
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    for capability, dtype, N in itertools.product(COMPILE_TARGETS, (torch.bfloat16, torch.float16, torch.float32),
+                                                  (64, 128)):
+        cc = capability[0] * 10 + capability[1]
         td = _TRITON_DTYPE[dtype]
         prec = _dot_precision(dtype)
-        for N in (64, 128):
-            H, P, L = 128, 64, DEFAULT_CHUNK_SIZE
-            cfg = tile_config(L, H, P, N, dtype)
-            specs = [
-                ("chunk_cumsum", _ssd_chunk_cumsum_kernel,
-                 {"dt": f"*{td}", "dt_bias": "*fp32", "A": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32",
-                  "dt_out": "*fp32", "dA_cs": "*fp32", "dt_min": "fp32", "dt_max": "fp32"},
-                 dict(stride_dt_h=1, CHUNK=L, BLOCK_H=cfg["cumsum_block_h"], HAS_BIAS=True, SOFTPLUS=True,
-                      HAS_LIMIT=True), 4, cfg["stages"]),
-                ("bmm", _ssd_bmm_kernel,
-                 {"B": f"*{td}", "C": f"*{td}", "chunk_start": "*i32", "chunk_len": "*i32", "CB": "*fp32"},
-                 dict(stride_b_n=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["bmm_block_m"], BLOCK_K=cfg["bmm_block_k"],
-                      DOT_PRECISION=prec), cfg["warps"], cfg["stages"]),
-                ("chunk_state", _ssd_chunk_state_kernel,
-                 {"x": f"*{td}", "B": f"*{td}", "dt_out": "*fp32", "dA_cs": "*fp32", "chunk_start": "*i32",
-                  "chunk_len": "*i32", "states": "*fp32"},
-                 dict(stride_x_p=1, stride_b_n=1, CHUNK=L, BLOCK_P=cfg["state_block_p"],
-                      BLOCK_N=cfg["state_block_n"], BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec), cfg["warps"],
-                 cfg["stages"]),
-                ("state_passing", _ssd_state_passing_kernel,
-                 {"states": "*fp32", "dA_cs": "*fp32", "seq_chunks": "*i32", "chunk_capture": "*i32",
-                  "initial_states": "*fp32", "final_states": "*fp32", "captured_states": "*fp32",
-                  "state_slots": "*i32"},
-                 dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True, POOL=True), 4, cfg["stages"]),
-                ("chunk_scan", _ssd_chunk_scan_kernel,
-                 {"x": f"*{td}", "C": f"*{td}", "D": "*fp32", "CB": "*fp32", "states": "*fp32", "dt_out": "*fp32",
-                  "dA_cs": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32", "y": f"*{td}"},
-                 dict(stride_x_p=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["scan_block_m"], BLOCK_P=cfg["scan_block_p"],
-                      BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"], HAS_D=True, DOT_PRECISION=prec),
-                 cfg["warps"], cfg["scan_stages"]),
-            ]
-            for stage, fn, types, consts, warps, stages in specs:
-                key = (stage, "" if stage == "state_passing" else td, tuple(sorted(consts.items())))
-                if key in seen:
-                    continue
-                seen.add(key)
-                name = f"ssm/ssd_scan/{stage}/{td}/L{L}"  # N is a runtime loop: one build serves 64 and 128
-                sig = _signature(fn, types, consts)
-                # stride_dt_t / stride_x_t etc.: projection views of Bamba-9B (16768, 8448 wide) are
-                # multiples of 16; so are H=128, P=64, N=128 and P*N
-                variants.append(KernelVariant(name, fn, sig, consts, num_warps=warps, num_stages=stages,
-                                              divisible_by_16=aligned_args(fn, sig, consts)))
+        H, P, L = 128, 64, DEFAULT_CHUNK_SIZE
+        cfg = tile_config(L, H, P, N, dtype, capability)
+        specs = [
+            ("chunk_cumsum", _ssd_chunk_cumsum_kernel,
+             {"dt": f"*{td}", "dt_bias": "*fp32", "A": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32",
+              "dt_out": "*fp32", "dA_cs": "*fp32", "dt_min": "fp32", "dt_max": "fp32"},
+             dict(stride_dt_h=1, CHUNK=L, BLOCK_H=cfg["cumsum_block_h"], HAS_BIAS=True, SOFTPLUS=True,
+                  HAS_LIMIT=True), 4, cfg["stages"]),
+            ("bmm", _ssd_bmm_kernel,
+             {"B": f"*{td}", "C": f"*{td}", "chunk_start": "*i32", "chunk_len": "*i32", "CB": "*fp32"},
+             dict(stride_b_n=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["bmm_block_m"], BLOCK_K=cfg["bmm_block_k"],
+                  DOT_PRECISION=prec), cfg["bmm_warps"], cfg["stages"]),
+            ("chunk_state", _ssd_chunk_state_kernel,
+             {"x": f"*{td}", "B": f"*{td}", "dt_out": "*fp32", "dA_cs": "*fp32", "chunk_start": "*i32",
+              "chunk_len": "*i32", "chunk_states": "*fp32"},
+             dict(stride_x_p=1, stride_b_n=1, CHUNK=L, BLOCK_P=cfg["state_block_p"],
+                  BLOCK_N=cfg["state_block_n"], BLOCK_K=cfg["state_block_k"], DOT_PRECISION=prec),
+             cfg["state_warps"], cfg["stages"]),
+            ("state_passing", _ssd_state_passing_kernel,
+             {"chunk_states": "*fp32", "dA_cs": "*fp32", "seq_chunks": "*i32", "chunk_capture": "*i32",
+              "initial_states": "*fp32", "final_states": "*fp32", "captured_states": "*fp32",
+              "state_slots": "*i32", "states_in": f"*{td}"},
+             dict(CHUNK=L, BLOCK=cfg["pass_block"], HAS_INIT=True, POOL=True), 4, cfg["stages"]),
+            ("chunk_scan", _ssd_chunk_scan_kernel,
+             {"x": f"*{td}", "C": f"*{td}", "D": "*fp32", "CB": "*fp32", "states_in": f"*{td}", "dt_out": "*fp32",
+              "dA_cs": "*fp32", "chunk_start": "*i32", "chunk_len": "*i32", "y": f"*{td}"},
+             dict(stride_x_p=1, stride_c_n=1, CHUNK=L, BLOCK_M=cfg["scan_block_m"], BLOCK_P=cfg["scan_block_p"],
+                  BLOCK_N=cfg["scan_block_n"], BLOCK_K=cfg["scan_block_k"], HAS_D=True, DOT_PRECISION=prec),
+             cfg["scan_warps"], cfg["scan_stages"]),
+        ]
+        for stage, fn, types, consts, warps, stages in specs:
+            key = (cc, stage, td, tuple(sorted(consts.items())), warps, stages)
+            if key in seen:
+                continue
+            seen.add(key)
+            name = f"ssm/ssd_scan/{stage}/{td}/L{L}"  # N is a runtime loop: one build serves 64 and 128
+            sig = _signature(fn, types, consts)
+            # stride_dt_t / stride_x_t etc.: projection views of Bamba-9B (16768, 8448 wide) are
+            # multiples of 16; so are H=128, P=64, N=128 and P*N
+            variants.append(KernelVariant(name, fn, sig, consts, num_warps=warps, num_stages=stages,
+                                          divisible_by_16=aligned_args(fn, sig, consts), targets=(cc,)))
     return variants

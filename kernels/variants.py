@@ -23,6 +23,8 @@ class KernelVariant:
     # Args the JIT would specialize as multiples of 16 at the model's shapes: pointers (16-byte
     # aligned torch allocations and the projection views the model passes) and int sizes/strides.
     divisible_by_16: tuple[str, ...] = ()
+    # The compute capabilities (90, 80, ...) the launcher picks this variant for; () = every target.
+    targets: tuple[int, ...] = ()
 
 
 def aligned_args(fn, signature: dict[str, str], constexprs: dict, not_aligned: tuple[str, ...] = ()) -> tuple[str, ...]:

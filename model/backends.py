@@ -52,6 +52,8 @@ class Backend:
     # Whether ssd_scan reads and writes the SSM states in the pool through slots (state_pool=,
     # state_slots=) instead of taking gathered initial states and returning finals to scatter.
     scan_state_pool: bool
+    # The same for causal_conv1d's conv states (state_pool=, state_slots=).
+    conv_state_pool: bool
     conv_widths: tuple[int, ...] | None  # conv widths (mamba_d_conv) its conv ops take; None: any >= 2
     ssd_scan: Callable  # (x, dt, A, B, C, *, cu_seqlens, D, dt_bias, dt_softplus, dt_limit, initial_states, capture_offsets) -> (y, final, captured)
     ssd_decode_step: Callable  # (x, dt, A, B, C, *, state_pool, slot_idx, D, dt_bias, dt_softplus, dt_limit) -> y
@@ -80,5 +82,5 @@ def get_backend(name: str) -> Backend:
                              for op in ("causal_conv1d", "conv1d_decode_step")}
             widths = tuple(kernel_widths) if len(kernel_widths) == 1 else ()
         _loaded[name] = Backend(name=name, scan_chunk_from_config=name == "triton", scan_state_pool=name == "triton",
-                                conv_widths=widths, **ops)
+                                conv_state_pool=name == "triton", conv_widths=widths, **ops)
     return _loaded[name]

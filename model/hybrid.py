@@ -235,15 +235,21 @@ class HybridLM(nn.Module):
         parts = []
         if batch.num_prefill_rows:
             slots = batch.prefill_slots
-            in_pool = self.ops.scan_state_pool  # the scan reads/writes ssm_pool[slots] itself
-            initial = None if batch.prefill_all_fresh else MixerStates(
-                conv_pool[slots], None if in_pool else ssm_pool[slots])
-            pool = dict(ssm_pool=ssm_pool, ssm_slots=slots) if in_pool else {}
+            # the kernels read and write conv_pool[slots] / ssm_pool[slots] themselves: no gather, no scatter
+            ssm_in_pool, conv_in_pool = self.ops.scan_state_pool, self.ops.conv_state_pool
+            initial = None
+            if not batch.prefill_all_fresh and not (ssm_in_pool and conv_in_pool):
+                initial = MixerStates(None if conv_in_pool else conv_pool[slots],
+                                      None if ssm_in_pool else ssm_pool[slots])
+            pool = dict(ssm_pool=ssm_pool, ssm_slots=slots) if ssm_in_pool else {}
+            if conv_in_pool:
+                pool.update(conv_pool=conv_pool, conv_slots=slots)
             y, final, caps = mixer(x[:Tp], self.ops, cu_seqlens=batch.prefill_cu_seqlens, initial=initial,
                                    capture_offsets=batch.capture_offsets, conv_plan=batch.conv_plan,
                                    ssd_plan=batch.ssd_plan, **pool)
-            conv_pool[slots] = final.conv.to(conv_pool.dtype)
-            if not in_pool:
+            if not conv_in_pool:
+                conv_pool[slots] = final.conv.to(conv_pool.dtype)
+            if not ssm_in_pool:
                 ssm_pool[slots] = final.ssm
             captured[i] = caps
             parts.append(y)

@@ -71,7 +71,7 @@ class Mamba2Mixer(nn.Module):
     # paths -----------------------------------------------------------------------------------------
     def forward(self, hidden: torch.Tensor, ops, *, cu_seqlens: torch.Tensor, initial: MixerStates | None = None,
                 capture_offsets: list[list[int]] | None = None, conv_plan=None, ssd_plan=None, ssm_pool=None,
-                ssm_slots=None):
+                ssm_slots=None, conv_pool=None, conv_slots=None):
         """Packed sequences (T, hidden) -> (out (T, hidden), final MixerStates (S, ...), captured MixerStates (K, ...)).
 
         `initial` None means every sequence starts from zero state; captured states are packed by
@@ -79,22 +79,26 @@ class Mamba2Mixer(nn.Module):
         step's host-built kernel plans (`model.batch.pack_rows`), None to let the ops plan.
         `ssm_pool`/`ssm_slots` (backends with `scan_state_pool`): the SSM states are read from and
         written back to the pool by the scan itself; `initial.ssm` is then unused and the final
-        MixerStates' ssm is the pool.
+        MixerStates' ssm is the pool. `conv_pool`/`conv_slots` (backends with `conv_state_pool`):
+        the same for the conv states, `initial.conv` unused and the final conv the pool.
         """
         gate, xbc, dt = self._split_projection(hidden)
+        conv = {} if conv_plan is None else {"plan": conv_plan}
+        if conv_pool is not None:
+            conv.update(state_pool=conv_pool, state_slots=conv_slots)
         xbc, conv_final, conv_captured = ops.causal_conv1d(
             xbc, self.conv1d.weight.squeeze(1), self.conv1d.bias, cu_seqlens=cu_seqlens,
-            initial_states=None if initial is None else initial.conv, capture_offsets=capture_offsets,
-            activation="silu", **({} if conv_plan is None else {"plan": conv_plan}))
+            initial_states=None if initial is None or conv_pool is not None else initial.conv,
+            capture_offsets=capture_offsets, activation="silu", **conv)
         x, B, C = self._ssm_inputs(xbc)
         chunk = {"chunk_size": self.chunk_size} if ops.scan_chunk_from_config else {}
         if ssd_plan is not None:
             chunk["plan"] = ssd_plan
         if ssm_pool is not None:
             chunk.update(state_pool=ssm_pool, state_slots=ssm_slots)
-            initial = None if initial is None else MixerStates(initial.conv, None)
         y, ssm_final, ssm_captured = ops.ssd_scan(
-            x, dt, self._A(), B, C, cu_seqlens=cu_seqlens, initial_states=None if initial is None else initial.ssm,
+            x, dt, self._A(), B, C, cu_seqlens=cu_seqlens,
+            initial_states=None if initial is None or ssm_pool is not None else initial.ssm,
             capture_offsets=capture_offsets, **self._ssm_kwargs(), **chunk)
         return self._output(y, gate), MixerStates(conv_final, ssm_final), MixerStates(conv_captured, ssm_captured)
 

@@ -8,7 +8,9 @@ On the CPU there is no device to tell apart, so this counts what *would* be a ho
 * creations: a tensor made from host data (`torch.tensor`, `as_tensor`, `from_numpy`) inside a
   layer: on a GPU each is a blocking host-to-device copy;
 * uploads: calls of `kernels.contracts.packed.to_device`, the step's one metadata copy;
-* launches: Triton kernel launches by kernel name (the interpreter's `run`, or the JIT's).
+* launches: Triton kernel launches by kernel name (the interpreter's `run`, or the JIT's);
+* gathers: aten indexing by a tensor (`index`, `index_put_`, `index_select`, `gather`, `scatter`)
+  outside the launches: a state pool gathered before a kernel or scattered after it.
 
 Everything a Triton launch does inside the interpreter (it converts its arguments itself) is not
 counted: on a GPU that work is the launch.
@@ -24,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 SYNC_OPS = {"_local_scalar_dense", "_unique2", "unique_dim", "unique_consecutive", "nonzero", "masked_select",
             "nonzero_static"}
+GATHER_OPS = {"index", "index_put", "index_put_", "_index_put_impl_", "index_select", "gather", "scatter", "scatter_"}
 STEP = "step"  # events outside every decoder layer (the step's own host work)
 
 
@@ -36,6 +39,7 @@ class StepCounter(TorchDispatchMode):
         self.syncs: dict[str, list[str]] = collections.defaultdict(list)
         self.creations: dict[str, list[str]] = collections.defaultdict(list)
         self.launches: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.gathers: dict[str, list[str]] = collections.defaultdict(list)
         self.uploads = 0
 
     # dispatch-level syncs --------------------------------------------------------------------
@@ -44,6 +48,8 @@ class StepCounter(TorchDispatchMode):
             name = func.overloadpacket.__name__
             if name in SYNC_OPS:
                 self.syncs[self.where].append(name)
+            if name in GATHER_OPS:
+                self.gathers[self.where].append(name)
         return func(*args, **(kwargs or {}))
 
     def _record_sync(self, what: str):

@@ -11,6 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from kernels.ssd_configs import tile_config
+from kernels.ssd_scan import DEFAULT_CHUNK_SIZE
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED_STAGES = ("ssm/ssd_scan/chunk_cumsum/", "ssm/ssd_scan/bmm/", "ssm/ssd_scan/chunk_state/",
                    "ssm/ssd_scan/state_passing/", "ssm/ssd_scan/chunk_scan/", "ssm/causal_conv1d/",
@@ -45,4 +52,15 @@ def test_ssm_kernels_compile_without_spills(tmp_path):
             assert hits and all(r["mma"] for r in hits), f"{stage} {dtype}: no tensor-core MMA\n{table}"
             assert all(r["wgmma"] for r in hits if r["arch"] == "sm_90"), f"{stage} {dtype}: no wgmma on sm_90\n{table}"
             assert not any(r["wgmma"] for r in hits if r["arch"] == "sm_80"), "wgmma on sm_80?"
+            # one warpgroup on the 64x64 tiles (kernels.ssd_configs): full-width wgmmas, not 8 warps' m64n32k16
+            assert all(r["mma_shapes"] == "m64n64k16" for r in hits if r["arch"] == "sm_90"), \
+                f"{stage} {dtype}: sm_90 MMA shapes\n{table}"
+    # each arch's rows are built with the warps its table entry gives the launches
+    for r in rows:
+        if not r["variant"].startswith("ssm/ssd_scan/"):
+            continue
+        stage, dtype = r["variant"].split("/")[2:4]
+        cfg = tile_config(DEFAULT_CHUNK_SIZE, 128, 64, 128, DTYPES[dtype], (int(r["arch"][3]), int(r["arch"][4])))
+        want = {"bmm": cfg["bmm_warps"], "chunk_state": cfg["state_warps"], "chunk_scan": cfg["scan_warps"]}.get(stage, 4)
+        assert r["num_warps"] == want, f"{r['variant']} {r['arch']}: built with {r['num_warps']} warps, runs with {want}"
     assert proc.returncode == 0, table

@@ -20,8 +20,12 @@ from conftest import DEVICE
 from model_helpers import one_thread, tokens  # noqa: F401  (one_thread: autouse)
 from step_counter import STEP, StepCounter
 
-MAMBA_PREFILL = {"_causal_conv1d_kernel": 1, "_ssd_chunk_cumsum_kernel": 1, "_ssd_bmm_kernel": 1,
-                 "_ssd_chunk_state_kernel": 1, "_ssd_state_passing_kernel": 1, "_ssd_chunk_scan_kernel": 1}
+# The conv writes its final states into the conv-state pool by a second, small launch (the tiles of
+# the first read those slots): 7 launches and no gather/scatter, where there were 6 plus 2 torch
+# index ops (conv_pool[slots] and conv_pool[slots] = final) around them.
+MAMBA_PREFILL = {"_causal_conv1d_kernel": 1, "_causal_conv1d_final_kernel": 1, "_ssd_chunk_cumsum_kernel": 1,
+                 "_ssd_bmm_kernel": 1, "_ssd_chunk_state_kernel": 1, "_ssd_state_passing_kernel": 1,
+                 "_ssd_chunk_scan_kernel": 1}
 MAMBA_DECODE = {"_conv1d_decode_kernel": 1, "_ssd_decode_kernel": 1}
 ATTENTION = {"kv_cache_write_kernel": 1, "paged_attention_kernel": 1}  # no split-K at these lengths
 
@@ -64,6 +68,8 @@ def test_step_makes_no_host_sync_and_one_upload(model, production_checks, monkey
             assert counter.syncs.get(tag, []) == [], f"step {step}, layer {tag}: host syncs {counter.syncs[tag]}"
             assert counter.creations.get(tag, []) == [], \
                 f"step {step}, layer {tag}: tensors from host data {counter.creations[tag]}"
+            if kind == "mamba":  # the conv and the scan read and write the state pools through slots
+                assert counter.gathers.get(tag, []) == [], f"step {step}, layer {tag}: gathers {counter.gathers[tag]}"
             want = want_mamba if kind == "mamba" else ATTENTION
             assert dict(counter.launches[tag]) == want, f"step {step}, layer {tag}: launches {counter.launches[tag]}"
         assert counter.uploads == 1, f"step {step}: {counter.uploads} metadata uploads"

@@ -76,7 +76,7 @@ def check_capture_offsets(capture_offsets, seqlens: Sequence[int]) -> list[list[
     return out
 
 
-def check_slot_idx(slot_idx, num_slots: int, count: int, pad_slots: bool = False) -> None:
+def check_slot_idx(slot_idx, num_slots: int, count: int, pad_slots: bool = False, name: str = "slot_idx") -> None:
     """Slots in range and distinct; with `pad_slots`, -1 (a padded row: nothing read or written)
     is allowed too, any number of times. Reads slot_idx on the host: one sync, so callers with
     host-checked slots (the model's step metadata, a CUDA graph) skip it unless the debug
@@ -85,11 +85,26 @@ def check_slot_idx(slot_idx, num_slots: int, count: int, pad_slots: bool = False
         return
     lo, hi = int(slot_idx.min()), int(slot_idx.max())
     low = -1 if pad_slots else 0
-    require(low <= lo and hi < num_slots, "slot_idx",
+    require(low <= lo and hi < num_slots, name,
             f"slots must lie in {low} .. {num_slots - 1}{' (-1 = pad)' if pad_slots else ''}, got {lo} .. {hi}")
     real = slot_idx[slot_idx >= 0] if pad_slots else slot_idx
-    require(torch.unique(real).numel() == real.numel(), "slot_idx",
+    require(torch.unique(real).numel() == real.numel(), name,
             "slots must be distinct (two sequences cannot update one state)")
+
+
+def check_state_pool(state_pool, state_slots, row_shape, dtypes, device, count: int, initial_states,
+                     pad_slots: bool = False) -> None:
+    """The pool mode of the varlen scans: sequence s starts from `state_pool[state_slots[s]]` and
+    its final state is written back there. `state_pool` (num_slots, *row_shape), contiguous;
+    `state_slots` (count,) checked on the host (`check_slot_idx`, a sync) only with the debug
+    switch on: the model's slots come from its host metadata."""
+    require(initial_states is None, "initial_states", "must be None when the states come from state_pool")
+    require(state_slots is not None, "state_slots", "needed with state_pool")
+    check_tensor("state_pool", state_pool, (None, *row_shape), dtypes, device)
+    require(state_pool.is_contiguous(), "state_pool", "must be contiguous (updated in place)")
+    check_tensor("state_slots", state_slots, (count,), INDEX_DTYPES, device)
+    if debug_checks():
+        check_slot_idx(state_slots, state_pool.shape[0], count, pad_slots, "state_slots")
 
 
 class ChunkTable(NamedTuple):
