@@ -616,7 +616,6 @@ def _launch_rows(cfg: LaunchConfig, scale: float, seqs: slice, tokens: slice, qu
     if split:
         if workspace is None:
             workspace = allocate_split_workspace(num_tokens, num_q_heads, cfg.num_splits, head_dim, query.device)
-        _check_workspace(workspace, num_tokens, num_q_heads, cfg.num_splits, head_dim, query.device)
         ws_acc, ws_m, ws_l = workspace.acc, workspace.m, workspace.l
     else:
         ws_m = ws_l = ws_acc = out  # unused: SPLIT=False never touches them
@@ -653,6 +652,9 @@ def launch(
     if cfg is None:
         return out
     workspace = workspace if workspace is not None else plan.workspace
+    split = plan.split_launch()
+    if workspace is not None and split is not None:  # checked before the first launch writes `out`
+        _check_workspace(workspace, split[1], query.shape[1], split[0].num_splits, query.shape[2], query.device)
     part = plan.decode_part
     end = meta.num_seqs if part is None else part.first_seq
     args = (query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)

@@ -351,8 +351,10 @@ def test_split_k_runs_in_the_workspace_it_is_given(specs, monkeypatch):
     assert torch.equal(fresh, out)
 
 
-def test_workspace_of_the_wrong_shape_is_refused():
-    batch = make_batch([(1, 1099)], block_size=32, num_kv_heads=2, group=4, head_dim=64, dtype=torch.bfloat16)
+@pytest.mark.parametrize("specs", [[(1, 1099)], [(30, 12), (1, 1099)]], ids=["decode", "mixed"])
+def test_workspace_of_the_wrong_shape_is_refused(specs):
+    """Before any launch: in a mixed batch the chunk's launch (no workspace) would come first."""
+    batch = make_batch(specs, block_size=32, num_kv_heads=2, group=4, head_dim=64, dtype=torch.bfloat16)
     checked = pa.plan(*batch.args())
     out = nan_filled(batch.query.shape, batch.query.dtype, DEVICE)
     for bad in (pa.allocate_split_workspace(1, 8, 4, 64, DEVICE),  # 4 splits for a 2-split launch
