@@ -15,7 +15,7 @@ Design: one attention kernel, two tile configurations, and a split-K merge kerne
   ``BLOCK_M = BLOCK_Q * GROUP`` rows of the MMA (GQA packing, as vLLM's unified kernel does). Each
   K/V tile is read once per group instead of once per query head: 4x fewer bytes at 32/8 heads.
 * Tiles of all sequences share grid axis 0. Sequence ``s`` owns tile ids
-  ``cu_seqlens_q[s] // BLOCK_Q + s ..`` (at least ``cdiv(q_len, BLOCK_Q)`` of them, disjoint across
+  ``cu_seqlens_q[s] // BLOCK_Q + s ..`` (tokens and sequences counted from the launch's first) (at least ``cdiv(q_len, BLOCK_Q)`` of them, disjoint across
   sequences), so a program finds its sequence by binary search over ``cu_seqlens_q`` and the grid
   is ``T // BLOCK_Q + S``: no host-built tile map, decodes and chunks in one launch.
 * The KV loop reads keys through the block table per token (``block_tables[s, pos // block_size]``),
@@ -36,23 +36,30 @@ here only in constexprs picked by `choose_config`:
   bandwidth-bound. Split-K lifts the
   program count: batch 1 x 8 KV heads is 8 programs on 132 SMs (6%); 32 splits make 256.
 * prefill (a chunk in the batch): BLOCK_M = 128 rows (32 tokens x 4 heads) x BLOCK_N = 64 keys,
-  8 warps: 128 FLOP per KV byte. Decode sequences in a mixed batch ride the same launch, without
-  split-K.
+  8 warps: 128 FLOP per KV byte.
 
-Decode rows in a mixed batch (issue 11, argued, not measured: no GPU yet). A decode row there is one
-program per KV head over its whole context. Split-K for those rows alone would need a per-row
-split count, a workspace and a merge over a subset of the rows: a second launch shape inside the
-mixed config. It pays only when the row's context is long against the chunk's work per SM: an
-8192-token chunk over a 0..8K prefix is 256 q tiles x 8 KV heads = 2048 programs averaging ~4K
-keys, ~62K keys an SM on 132 SMs, so a 32K-context decode row (32K keys on one SM) fits inside
-the chunk's time if it starts early. Programs therefore run in reverse tile order, and decode rows,
-packed last by the model, start in the first wave. A row longer than the chunk's keys per SM (a
-128K context beside a short chunk) still trails it; that case, and the claim itself, is for the
-GPU benchmark (mixed batches in `experiments/bench/paged_attention.py` once a GPU is lent).
+Decode rows in a mixed batch (issue 11). In the prefill launch a decode row is one program per KV
+head over its whole context: a 32K-token row at 8 KV heads is 8 programs of 32768 keys on 132 SMs.
+Programs run in reverse tile order and the model packs decode rows last, so such a row starts in
+the first wave and is free beside a long chunk (8192 fresh queries: 256 q tiles x 8 heads = 2048
+programs, 64K keys an SM; 191K over an 8K prefix). Beside a short chunk (512 fresh queries: 264
+keys an SM) it would set the batch's time alone, so
+`choose_launches` moves the trailing decode rows into a launch of their own, with the decode tile
+and split-K (the same row: 32 splits, 256 programs of 1024 keys, then the merge), when they would
+split on their own and the longest has more keys than the chunk's tiles visit per SM. Both
+launches come from the plan (host integers, once a step); the decode rows' launch sees views of
+the batch's tensors that start at its first sequence and token. The cost is two launches more and
+the decode rows' K/V read after the chunk instead of beside it (at 32K x 8 heads of 128 in bf16,
+128 MiB: ~30 us at 4.8 TB/s). GPU timings are pending (no GPU yet; the mixed configs of
+`experiments/bench/paged_attention.py` time both plans).
+
+Split-K workspaces (fp32 partial acc, max, sum: T x Hq x splits x (D + 2)) belong to the plan:
+`plan_from_host` allocates one a step, `plan_decode_bucket` one a bucket (the addresses a CUDA
+graph records); `launch` takes one passed in and allocates only when there is none.
+
 A second decode kernel would duplicate the softmax and the paging for no algorithmic difference;
 the per-config register and shared-memory numbers are in the compile-check table
-(`python -m kernels.compile_check --filter paged_attention`). GPU timings are pending: the
-machine that wrote this had no GPU (see `experiments/bench/paged_attention.py`).
+(`python -m kernels.compile_check --filter paged_attention`).
 """
 
 from __future__ import annotations
@@ -158,18 +165,21 @@ def paged_attention_kernel(
     i_kvh = tl.program_id(1).to(tl.int64)
     i_split = tl.program_id(2)
 
-    # Sequence of this tile: the last s with cu_seqlens_q[s] // BLOCK_Q + s <= i_tile.
+    # The launch's rows may be a slice of the batch (the decode rows of a mixed batch): query, out,
+    # the workspace and the tile ids count from its first token, q_base (0 for a whole batch).
+    q_base = tl.load(cu_seqlens_q)
+    # Sequence of this tile: the last s with (cu_seqlens_q[s] - q_base) // BLOCK_Q + s <= i_tile.
     lo = 0
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
-        if tl.load(cu_seqlens_q + mid) // BLOCK_Q + mid <= i_tile:
+        if (tl.load(cu_seqlens_q + mid) - q_base) // BLOCK_Q + mid <= i_tile:
             lo = mid + 1
         else:
             hi = mid
     i_seq = lo - 1
-    q_begin = tl.load(cu_seqlens_q + i_seq)
-    q_len = tl.load(cu_seqlens_q + i_seq + 1) - q_begin
+    q_begin = tl.load(cu_seqlens_q + i_seq) - q_base
+    q_len = tl.load(cu_seqlens_q + i_seq + 1) - q_base - q_begin
     n_qtiles = tl.cdiv(q_len, BLOCK_Q)
     i_local = i_tile - (q_begin // BLOCK_Q + i_seq)
     if i_local >= n_qtiles:
@@ -358,8 +368,42 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class DecodePart:
+    """The decode rows of a mixed batch, split off into their own split-K launch (`choose_launches`):
+    sequences ``first_seq ..`` (the model packs decode rows last), query tokens ``first_token ..``."""
+
+    first_seq: int
+    first_token: int
+    config: LaunchConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitWorkspace:
+    """The fp32 partials of one split-K launch: acc ``(rows, Hq, S, D)``, running max and sum
+    ``(rows, Hq, S)``; views into one allocation (`allocate_split_workspace`). ``rows`` may exceed
+    the launch's query tokens; the other sizes must match it exactly (they are strides)."""
+
+    acc: torch.Tensor
+    m: torch.Tensor
+    l: torch.Tensor
+
+
+def allocate_split_workspace(rows: int, num_q_heads: int, num_splits: int, head_dim: int,
+                             device: torch.device | str) -> SplitWorkspace:
+    """One fp32 buffer of ``rows * Hq * S * (D + 2)`` elements: 512 KiB at batch 1 x 32 heads x 32
+    splits x d128. The launcher's fallback when no workspace is passed (eager calls)."""
+    n = rows * num_q_heads * num_splits
+    buf = torch.empty(n * (head_dim + 2), dtype=torch.float32, device=device)
+    return SplitWorkspace(acc=buf[:n * head_dim].view(rows, num_q_heads, num_splits, head_dim),
+                          m=buf[n * head_dim:n * (head_dim + 1)].view(rows, num_q_heads, num_splits),
+                          l=buf[n * (head_dim + 1):].view(rows, num_q_heads, num_splits))
+
+
+@dataclasses.dataclass(frozen=True)
 class PagedAttentionPlan:
-    """A checked call: its host facts, its scale, and the launch it needs (None: no query tokens)."""
+    """A checked call: its host facts, its scale, and the launches it needs (config None: no query
+    tokens). `config` launches sequences ``0 .. decode_part.first_seq`` (all without a decode part);
+    `decode_part` the decode rows of a mixed batch with split-K."""
 
     meta: PagedAttentionMeta
     scale: float
@@ -367,6 +411,88 @@ class PagedAttentionPlan:
     # A decode bucket (`plan_decode_bucket`): one query a row, `meta.seq_lens` an upper bound, and
     # rows with seq_len 0 are pad rows (output 0); the device tensors change between replays.
     pad_rows: bool = False
+    decode_part: DecodePart | None = None
+    # The split-K launch's workspace, allocated with the plan (a step's plan or a bucket's: the
+    # addresses a CUDA graph records); None: `launch` allocates one a call.
+    workspace: SplitWorkspace | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def split_launch(self) -> tuple[LaunchConfig, int] | None:
+        """The one launch of this plan that splits K (config, its query tokens), or None."""
+        if self.decode_part is not None:
+            return self.decode_part.config, self.meta.cu_seqlens_q[-1] - self.decode_part.first_token
+        if self.config is not None and self.config.num_splits > 1:
+            return self.config, self.meta.cu_seqlens_q[-1]
+        return None
+
+    def describe(self) -> str:
+        """The launches, e.g. "m128n64w8s1" or "m128n64w8s1+m16n64w4s32" (a decode part)."""
+        if self.config is None:
+            return "none"
+        return self.config.describe() + (f"+{self.decode_part.config.describe()}" if self.decode_part else "")
+
+
+def _prefill_keys_per_sm(meta: PagedAttentionMeta, num_seqs: int, block_q: int, num_kv_heads: int,
+                         sm_count: int) -> float:
+    """Keys the q tiles of sequences ``0 .. num_seqs`` visit over all KV heads, per SM: the prefill
+    launch's time in key steps, if its programs spread evenly."""
+    keys = 0
+    for q, n in zip(meta.q_lens[:num_seqs], meta.seq_lens[:num_seqs]):
+        tiles = -(-q // block_q)  # tile i sees ctx + min((i + 1) * block_q, q) keys
+        keys += tiles * (n - q) + block_q * tiles * (tiles - 1) // 2 + (q if tiles else 0)
+    return keys * num_kv_heads / sm_count
+
+
+def choose_launches(
+    meta: PagedAttentionMeta, dtype: torch.dtype, head_dim: int, group: int, *, num_kv_heads: int, sm_count: int,
+    num_splits: int | None,
+) -> tuple[LaunchConfig | None, DecodePart | None]:
+    """The config of the batch's launch and, for a mixed batch, the decode rows' own launch.
+
+    A mixed batch (a chunk beside decode rows) runs the prefill config, in which a decode row is one
+    program per KV head over its whole context: at 32K tokens and 8 KV heads, 8 programs of 32768
+    keys each. When its decode rows would split on their own (`choose_config`: few rows, >= 1024
+    keys) and the longest of them has more keys than the chunk's tiles visit per SM, they leave
+    that launch for a decode-config launch with split-K (the same 32K row: 32 splits, 256 programs
+    of 1024 keys) and its merge: two launches more, both planned here on the host. Keys compare
+    directly: a decode key (512 B of K+V at d128 bf16 on one SM, ~14 ns at a 1/132 share of 4.8
+    TB/s) costs about a prefill tile's key (64 KFLOP for 128 rows, ~9-17 ns at 50-100% of an SM's
+    7.5 TFLOP/s). Beside a long chunk (8192 fresh queries: 64K keys an SM) the row rides the
+    chunk's first wave (programs run in reverse tile order, decode rows packed last) and is free;
+    beside a short one (512 fresh queries: 264 keys an SM) it alone would set the time. A 32K row
+    leaves beside fresh chunks below ~5.8K tokens.
+    Only the trailing run of decode rows leaves (the model packs them last). `num_splits` given:
+    one launch with that split count, as before.
+    """
+    if not meta.cu_seqlens_q[-1]:
+        return None, None
+    decode = is_decode(meta.max_q_len, group)
+    config = choose_config(dtype, head_dim, group, decode=decode, num_seqs=meta.num_seqs, num_kv_heads=num_kv_heads,
+                           max_seq_len=meta.max_seq_len, sm_count=sm_count, num_splits=num_splits)
+    if decode or num_splits is not None:
+        return config, None
+    first = meta.num_seqs
+    while first > 0 and is_decode(meta.q_lens[first - 1], group):
+        first -= 1
+    first_token = meta.cu_seqlens_q[first]
+    if first_token == meta.cu_seqlens_q[-1]:
+        return config, None  # no decode row at the end (or only q_len-0 rows there)
+    longest = max(meta.seq_lens[first:])
+    part = choose_config(dtype, head_dim, group, decode=True, num_seqs=meta.num_seqs - first,
+                         num_kv_heads=num_kv_heads, max_seq_len=longest, sm_count=sm_count, num_splits=None)
+    if part.num_splits == 1 or longest <= _prefill_keys_per_sm(meta, first, config.block_m // group, num_kv_heads,
+                                                               sm_count):
+        return config, None
+    return config, DecodePart(first, first_token, part)
+
+
+def _workspace_for(config: LaunchConfig | None, part: DecodePart | None, meta: PagedAttentionMeta,
+                   num_q_heads: int, head_dim: int, device) -> SplitWorkspace | None:
+    probe = PagedAttentionPlan(meta, 1.0, config, decode_part=part)
+    split = probe.split_launch()
+    if split is None:
+        return None
+    cfg, rows = split
+    return allocate_split_workspace(rows, num_q_heads, cfg.num_splits, head_dim, device)
 
 
 def plan(
@@ -381,24 +507,19 @@ def plan(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> PagedAttentionPlan:
-    """Every check of `paged_attention` (one host sync) and the config it would launch, without
-    launching. Arguments as in `paged_attention`; raises `ValueError` on a bad one."""
+    """Every check of `paged_attention` (one host sync) and the launches it would make, without
+    launching (no workspace: `launch` allocates it). Arguments as in `paged_attention`; raises
+    `ValueError` on a bad one."""
     meta = check_paged_attention_args(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
     _check_layout(query, key_cache, block_tables, out, num_splits)
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
-    num_tokens, num_q_heads, head_dim = query.shape
+    num_q_heads, head_dim = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
-    group = num_q_heads // num_kv_heads
-    config = None
-    if num_tokens:
-        config = choose_config(
-            query.dtype, head_dim, group, decode=is_decode(meta.max_q_len, group), num_seqs=meta.num_seqs,
-            num_kv_heads=num_kv_heads, max_seq_len=meta.max_seq_len, sm_count=_sm_count(query.device),
-            num_splits=num_splits,
-        )
-    return PagedAttentionPlan(meta, scale, config)
+    config, part = choose_launches(meta, query.dtype, head_dim, num_q_heads // num_kv_heads, num_kv_heads=num_kv_heads,
+                                   sm_count=_sm_count(query.device), num_splits=num_splits)
+    return PagedAttentionPlan(meta, scale, config, decode_part=part)
 
 
 _plan_from_tensors = plan  # `paged_attention`'s keyword `plan` shadows the function there
@@ -409,7 +530,8 @@ def plan_from_host(
     dtype: torch.dtype, device: torch.device | str, scale: float | None = None, num_splits: int | None = None,
 ) -> PagedAttentionPlan:
     """The plan of a call from the step's host integers (query and total lengths per sequence):
-    no device read. Every attention layer of a model step shares it (`paged_attention(plan=)`)."""
+    no device read. Every attention layer of a model step shares it (`paged_attention(plan=)`),
+    and its split-K workspace, allocated here once a step."""
     meta = host_paged_attention_meta(q_lens, seq_lens, block_size, max_blocks)
     if num_kv_heads < 1 or num_q_heads % num_kv_heads or not 1 <= num_q_heads // num_kv_heads <= _MAX_GROUP:
         raise ValueError(f"num_q_heads // num_kv_heads must be an integer in 1..{_MAX_GROUP}, "
@@ -419,15 +541,11 @@ def plan_from_host(
     scale = head_dim ** -0.5 if scale is None else float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
-    group = num_q_heads // num_kv_heads
-    config = None
-    if sum(meta.q_lens):
-        config = choose_config(
-            dtype, head_dim, group, decode=is_decode(meta.max_q_len, group), num_seqs=meta.num_seqs,
-            num_kv_heads=num_kv_heads, max_seq_len=meta.max_seq_len, sm_count=_sm_count(torch.device(device)),
-            num_splits=num_splits,
-        )
-    return PagedAttentionPlan(meta, scale, config)
+    device = torch.device(device)
+    config, part = choose_launches(meta, dtype, head_dim, num_q_heads // num_kv_heads, num_kv_heads=num_kv_heads,
+                                   sm_count=_sm_count(device), num_splits=num_splits)
+    workspace = _workspace_for(config, part, meta, num_q_heads, head_dim, device)
+    return PagedAttentionPlan(meta, scale, config, decode_part=part, workspace=workspace)
 
 
 def plan_decode_bucket(
@@ -435,9 +553,10 @@ def plan_decode_bucket(
     dtype: torch.dtype, device: torch.device | str, scale: float | None = None, num_splits: int | None = None,
 ) -> PagedAttentionPlan:
     """A fixed plan for `batch` decode rows (one query each) of up to `max_blocks * block_size`
-    tokens, for a CUDA graph replayed with other lengths: the grid and the split count depend only
-    on the bucket (the split heuristic sees the longest context the block tables can hold). Rows
-    with seq_len 0 are pad rows and write 0."""
+    tokens, for a CUDA graph replayed with other lengths: the grid, the split count and the split-K
+    workspace (allocated here: batch x Hq x splits x D fp32) depend only on the bucket (the split
+    heuristic sees the longest context the block tables can hold). Rows with seq_len 0 are pad
+    rows and write 0."""
     max_len = max_blocks * block_size
     base = plan_from_host([1] * batch, [max_len] * batch, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                           head_dim=head_dim, block_size=block_size, max_blocks=max_blocks, dtype=dtype,
@@ -468,32 +587,43 @@ def _check_against_plan(checked: PagedAttentionPlan, query, key_cache, value_cac
         require(device_meta == meta, "plan", f"does not match the tensors: {meta} vs {device_meta}")
 
 
-def launch(
-    plan: PagedAttentionPlan, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """Run a `plan` made for these same tensors, checking nothing again; writes and returns `out`
-    (``(T, Hq, D)``, query dtype)."""
-    num_tokens, num_q_heads, head_dim = query.shape
+def _check_workspace(ws: SplitWorkspace, rows: int, num_q_heads: int, num_splits: int, head_dim: int,
+                     device: torch.device) -> None:
+    """A workspace passed in must hold this launch: its head, split and dim sizes are strides."""
+    want = f"(>= {rows}, {num_q_heads}, {num_splits}, {head_dim}) fp32 on {device}"
+    ok = (ws.acc.dim() == 4 and ws.acc.shape[0] >= rows and tuple(ws.acc.shape[1:]) == (num_q_heads, num_splits, head_dim)
+          and ws.m.shape == ws.acc.shape[:3] and ws.l.shape == ws.acc.shape[:3])
+    require(ok, "workspace", f"acc must be {want} with m, l of its first 3 dims, got {tuple(ws.acc.shape)}, "
+            f"{tuple(ws.m.shape)}, {tuple(ws.l.shape)}")
+    for name, t in (("acc", ws.acc), ("m", ws.m), ("l", ws.l)):
+        require(t.dtype == torch.float32 and t.device == device and t.is_contiguous(), "workspace",
+                f"{name} must be contiguous fp32 on {device}, got {t.dtype} on {t.device}")
+
+
+def _launch_rows(cfg: LaunchConfig, scale: float, seqs: slice, tokens: slice, query, key_cache, value_cache,
+                 block_tables, seq_lens, cu_seqlens_q, out, workspace: SplitWorkspace | None) -> None:
+    """The attention launch (and its merge, with split-K) over sequences `seqs`, whose query tokens
+    are `tokens`: views of the batch's tensors, no copy and no host read."""
+    num_q_heads, head_dim = query.shape[1:]
     block_size, num_kv_heads = key_cache.shape[1:3]
     group = num_q_heads // num_kv_heads
-    cfg, meta = plan.config, plan.meta
-    if cfg is None:
-        return out
+    num_seqs, num_tokens = seqs.stop - seqs.start, tokens.stop - tokens.start
+    if seqs != slice(0, seq_lens.shape[0]):
+        query, out = query[tokens], out[tokens]
+        block_tables, seq_lens, cu_seqlens_q = block_tables[seqs], seq_lens[seqs], cu_seqlens_q[seqs.start:seqs.stop + 1]
     split = cfg.num_splits > 1
     head_dim_pad = _head_dim_pad(head_dim)
     if split:
-        ws_m = torch.empty((num_tokens, num_q_heads, cfg.num_splits), dtype=torch.float32, device=query.device)
-        ws_l = torch.empty_like(ws_m)
-        ws_acc = torch.empty((num_tokens, num_q_heads, cfg.num_splits, head_dim), dtype=torch.float32,
-                             device=query.device)
+        if workspace is None:
+            workspace = allocate_split_workspace(num_tokens, num_q_heads, cfg.num_splits, head_dim, query.device)
+        ws_acc, ws_m, ws_l = workspace.acc, workspace.m, workspace.l
     else:
         ws_m = ws_l = ws_acc = out  # unused: SPLIT=False never touches them
     block_q = cfg.block_m // group
-    grid = (num_tokens // block_q + meta.num_seqs, num_kv_heads, cfg.num_splits)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, cfg.num_splits)
     paged_attention_kernel[grid](
         query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out, ws_acc, ws_m, ws_l,
-        meta.num_seqs, num_q_heads, cfg.num_splits, plan.scale * _LOG2E,
+        num_seqs, num_q_heads, cfg.num_splits, scale * _LOG2E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, PAGE_SIZE=block_size,
@@ -509,6 +639,30 @@ def launch(
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, SPLITS_PAD=triton.next_power_of_2(cfg.num_splits),
             num_warps=4,
         )
+
+
+def launch(
+    plan: PagedAttentionPlan, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q,
+    out: torch.Tensor, workspace: SplitWorkspace | None = None,
+) -> torch.Tensor:
+    """Run a `plan` made for these same tensors, checking nothing again but the workspace's shape;
+    writes and returns `out` (``(T, Hq, D)``, query dtype). The split-K launch uses `workspace`,
+    else the plan's, else one allocated here."""
+    cfg, meta = plan.config, plan.meta
+    if cfg is None:
+        return out
+    workspace = workspace if workspace is not None else plan.workspace
+    split = plan.split_launch()
+    if workspace is not None and split is not None:  # checked before the first launch writes `out`
+        _check_workspace(workspace, split[1], query.shape[1], split[0].num_splits, query.shape[2], query.device)
+    part = plan.decode_part
+    end = meta.num_seqs if part is None else part.first_seq
+    args = (query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
+    _launch_rows(cfg, plan.scale, slice(0, end), slice(0, meta.cu_seqlens_q[end]), *args,
+                 workspace=workspace if part is None else None)
+    if part is not None:
+        _launch_rows(part.config, plan.scale, slice(part.first_seq, meta.num_seqs),
+                     slice(part.first_token, meta.cu_seqlens_q[-1]), *args, workspace=workspace)
     return out
 
 
@@ -524,6 +678,7 @@ def paged_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     plan: PagedAttentionPlan | None = None,
+    workspace: SplitWorkspace | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed varlen queries over their paged K/V (decode and prefill chunks).
 
@@ -535,7 +690,8 @@ def paged_attention(
     (default: a heuristic that splits long decodes only). Returns ``(T, Hq, D)`` in the query dtype,
     written into ``out`` when given. Raises `ValueError` before launching on a bad argument.
     ``plan``: from `plan_from_host` for these lengths (then no tensor data is read on the host, and
-    ``num_splits`` is the plan's).
+    ``num_splits`` is the plan's). ``workspace``: the split-K partials (`allocate_split_workspace`
+    for the plan's `split_launch`; default the plan's, else allocated per call).
     """
     if plan is None:
         checked = _plan_from_tensors(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q,
@@ -545,7 +701,7 @@ def paged_attention(
         _check_against_plan(checked, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, out)
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    return launch(checked, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out)
+    return launch(checked, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out, workspace)
 
 
 # What the model launches (model/config.py presets): bamba-9b 32/8 heads of 128 (GROUP 4), small

@@ -11,8 +11,9 @@ CUDA graph and replayed. What makes it capturable:
   tables), refilled by one copy a step; the graph reads it at fixed addresses;
 * fixed launches: the attention plan of a bucket (`plan_decode_bucket`) fixes the grid and the
   split-K count from the bucket size and the longest context the block tables hold; no host read
-  anywhere in the step (`HybridLM.forward_decode_rows`); the split-K workspaces are allocated
-  inside the capture, from the graph's private pool, at the same addresses on every replay.
+  anywhere in the step (`HybridLM.forward_decode_rows`); the split-K workspace (bucket x heads x
+  splits x (head_dim + 2) fp32) is allocated with the bucket's plan, before the capture, so every
+  replay and every attention layer uses the same addresses and the step allocates nothing.
 
 On the CPU (and with `use_graphs=False`) the same static step runs eagerly: the tests compare it
 with `forward_batch`. The first use of a bucket on CUDA runs it once with only pad rows (it

@@ -4,7 +4,8 @@ them; the experts run over the tokens sorted by expert.
 Dispatch (`run_experts`): the T*k (token, expert) assignments are argsorted by expert, so each
 expert's tokens form one contiguous slice of the gathered input: one matmul pair per expert (a
 loop over experts, never over tokens), or on a GPU one `torch._grouped_mm` per projection for
-all experts at once. The weighted outputs are index_add-ed back onto their tokens.
+all experts at once, its group offsets computed on the device (no host sync, CUDA-graph
+capturable). The weighted outputs are index_add-ed back onto their tokens.
 
 A router and an experts module are separate so that families combine them: Granite's router is
 `SoftmaxTopKRouter` with `GatedExperts`; another routing rule (sigmoid scores with a correction
@@ -50,6 +51,43 @@ def _grouped_mm_fits(x: torch.Tensor, *weights: torch.Tensor) -> bool:
                                                   for w in weights)
 
 
+def use_grouped_mm(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Grouped matmuls where torch._grouped_mm's fast path runs: CUDA, bf16 (sm90+ in torch's
+    GroupedBlas.cpp; elsewhere it falls back to one mm a group after copying offs to the host)."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and _grouped_mm_fits(x, *weights)
+
+
+def expert_offsets(sorted_experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """(E,) int32: the end of each expert's slice of the expert-sorted assignments, i.e.
+    cumsum(bincount), as torch._grouped_mm takes it (`offs`: 1-D int32 on the device, in torch
+    2.11 and 2.13 alike). Computed on the device without a host read: `torch.bincount` on CUDA
+    reads the ids' min and max on the host to size its output (two syncs); a search of the sorted
+    ids for every expert id has a fixed output size and can be captured in a CUDA graph."""
+    ids = torch.arange(num_experts, device=sorted_experts.device, dtype=sorted_experts.dtype)
+    return torch.searchsorted(sorted_experts, ids, right=True, out_int32=True)
+
+
+def sorted_expert_mlps(xs: torch.Tensor, sorted_experts: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor,
+                       activation: Callable[[torch.Tensor], torch.Tensor], grouped: bool) -> torch.Tensor:
+    """ys[i] = w_out[e] @ activation(w_in[e] @ xs[i]) with e = sorted_experts[i], for assignments
+    sorted by expert: one torch._grouped_mm a projection (`grouped`, offsets on the device: no
+    host sync), else one matmul pair an expert."""
+    num_experts = w_in.shape[0]
+    if grouped:
+        offsets = expert_offsets(sorted_experts, num_experts)
+        hidden = activation(torch._grouped_mm(xs, w_in.transpose(1, 2), offs=offsets))
+        return torch._grouped_mm(hidden, w_out.transpose(1, 2), offs=offsets)
+    ys = xs.new_empty(xs.shape[0], w_out.shape[1])
+    start = 0
+    # The slice bounds are read on the host: one read a layer. On the CPU that is free (the tensor
+    # is there); on a GPU it is a sync, taken only where grouped matmuls do not run (not bf16).
+    for e, n in enumerate(torch.bincount(sorted_experts, minlength=num_experts).tolist()):
+        if n:
+            ys[start:start + n] = F.linear(activation(F.linear(xs[start:start + n], w_in[e])), w_out[e])
+            start += n
+    return ys
+
+
 def run_experts(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor, w_in: torch.Tensor,
                 w_out: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor],
                 grouped: bool | None = None) -> torch.Tensor:
@@ -57,28 +95,17 @@ def run_experts(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor, w_i
 
     x (T, H); weights, index (T, k); expert e is w_out[e] @ activation(w_in[e] @ x) with w_in
     (E, U, H), w_out (E, H, I) and activation (.., U) -> (.., I). `grouped` None: grouped matmuls
-    on a GPU in bf16 (where torch._grouped_mm runs), the per-expert loop otherwise; True forces
-    them (the CPU build has them too, which is how they are tested).
+    where `use_grouped_mm` (no host sync then), the per-expert loop otherwise; True forces them
+    (the CPU build has them too, which is how they are tested).
     """
     T, k = index.shape
     flat = index.reshape(-1)
     order = torch.argsort(flat, stable=True)  # assignments grouped by expert, token order within
     token = order.div(k, rounding_mode="floor")
     xs = x.index_select(0, token)
-    counts = torch.bincount(flat, minlength=w_in.shape[0])
     if grouped is None:
-        grouped = x.is_cuda and x.dtype == torch.bfloat16 and _grouped_mm_fits(x, w_in, w_out)
-    if grouped:
-        offsets = counts.cumsum(0, dtype=torch.int32)
-        hidden = activation(torch._grouped_mm(xs, w_in.transpose(1, 2), offs=offsets))
-        ys = torch._grouped_mm(hidden, w_out.transpose(1, 2), offs=offsets)
-    else:
-        ys = xs.new_empty(T * k, w_out.shape[1])
-        start = 0
-        for e, n in enumerate(counts.tolist()):  # one host sync per layer
-            if n:
-                ys[start:start + n] = F.linear(activation(F.linear(xs[start:start + n], w_in[e])), w_out[e])
-                start += n
+        grouped = use_grouped_mm(x, w_in, w_out)
+    ys = sorted_expert_mlps(xs, flat[order], w_in, w_out, activation, grouped)
     ys = ys * weights.reshape(-1)[order].unsqueeze(-1)
     return torch.zeros_like(x).index_add_(0, token, ys)
 

@@ -7,7 +7,8 @@ Routing (`SigmoidGroupedTopKRouter`, DeepSeek-V3 style) repeats transformers' op
 dtype casts and `torch.topk` calls included, so tied router scores pick the same experts.
 The routed experts (`ReluSquaredExperts`) run by sorted token dispatch: the (token, expert)
 pairs are sorted by expert, each expert multiplies its contiguous slice in one matmul (a loop
-over experts, none over tokens), and each token sums its k weighted outputs in its top-k order
+over experts, none over tokens; on a GPU in bf16 one `torch._grouped_mm` a projection, with no
+host sync: `model.moe.sorted_expert_mlps`), and each token sums its k weighted outputs in its top-k order
 in fp32, as transformers' default `grouped_mm` experts do.
 """
 
@@ -20,6 +21,7 @@ from torch import nn
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
 from model.mlp import ReluSquaredMLP, relu_squared
+from model.moe import sorted_expert_mlps, use_grouped_mm
 
 
 class SigmoidGroupedTopKRouter(nn.Module):
@@ -74,15 +76,10 @@ class ReluSquaredExperts(nn.Module):
         T, k = experts.shape
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (T*k,) pair ids grouped by expert
-        counts = torch.bincount(flat, minlength=self.up_proj.shape[0]).tolist()  # one host sync
         xs = x[order // k]
-        outs, start = [], 0
-        for e, n in enumerate(counts):
-            if n:
-                h = relu_squared(F.linear(xs[start:start + n], self.up_proj[e]))
-                outs.append(F.linear(h, self.down_proj[e]))
-                start += n
-        weighted = torch.cat(outs) * weights.reshape(-1)[order, None]  # model dtype * fp32 -> fp32
+        grouped = use_grouped_mm(x, self.up_proj, self.down_proj)  # GPU bf16: offsets on the device, no sync
+        ys = sorted_expert_mlps(xs, flat[order], self.up_proj, self.down_proj, relu_squared, grouped)
+        weighted = ys * weights.reshape(-1)[order, None]  # model dtype * fp32 -> fp32
         pairs = torch.empty_like(weighted)
         pairs[order] = weighted  # back to (token, k) order
         return pairs.view(T, k, -1).sum(dim=1).to(x.dtype)

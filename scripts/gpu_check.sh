@@ -28,13 +28,17 @@ timeout 240 $PY -m pytest -q -x -p no:cacheprovider \
     tests/test_compile_paged_attention.py tests/test_compile_ssd.py tests/test_model_backends.py \
     tests/test_decode_graph.py tests/test_step_host_syncs.py 2>&1 | tail -40 > "$W/pytest.txt"
 tests_rc=${PIPESTATUS[0]}
-# (test_decode_graph.py holds the graph vs eager replay check, skipped without CUDA;
+# (test_decode_graph.py holds the graph vs eager replay check, with and without a split-K bucket
+# replaying into its preallocated workspace, skipped without CUDA;
 # test_step_host_syncs.py counts host syncs on the real device there)
 
-# 2. Benchmarks (~4 min): decode at 1K..128K and an 8192-query chunk over 0..32K; the SSD scan
-#    with and without captures at 8K and 32K tokens.
-timeout 110 $PY -m experiments.bench.paged_attention --out "$W/bench_paged_attention" --batches 1,16,64 \
-    --contexts 4096,32768,131072 --prefixes 0,16384,32768 > "$W/bench_paged_attention.txt" 2>&1
+# 2. Benchmarks (~4 min): decode at 1K..128K and an 8192-query chunk over 0..32K, then two mixed
+#    batches (a 512 / 8192-query chunk beside a 32K decode row: split-off decode launch vs one
+#    launch, no peers, ~10 s: the reason the timeout is 125 s, not 110); the SSD scan with and
+#    without captures at 8K and 32K tokens.
+timeout 125 $PY -m experiments.bench.paged_attention --out "$W/bench_paged_attention" --batches 1,16,64 \
+    --contexts 4096,32768,131072 --prefixes 0,16384,32768 --mixed-chunks 512,8192 \
+    > "$W/bench_paged_attention.txt" 2>&1
 timeout 100 $PY -m experiments.bench.ssd_scan --out "$W/bench_ssd_scan" > "$W/bench_ssd_scan.txt" 2>&1
 
 # 2b. A whole decode step at Bamba-9B shapes, batch 1/16/64: CUDA-graph bucket vs eager, against

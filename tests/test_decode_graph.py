@@ -76,16 +76,40 @@ def test_rejects_what_a_bucket_cannot_hold(model):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_graph_replay_equals_eager_on_cuda():
+@pytest.mark.parametrize("max_blocks,splits", [(8, 1), (300, 2)], ids=["one-split", "split-k-workspace"])
+def test_graph_replay_equals_eager_on_cuda(max_blocks, splits):
+    """Graph replays == the eager bucket step, bit for bit; with 300 pages of 4 the bucket's plan
+    splits K and the graph replays into the plan's preallocated workspace."""
     model = from_preset("tiny", backend="triton", seed=0).to("cuda")
     lens, slots = [9, 14, 5], [4, 0, 2]
     cache, ids, tables = _prefilled(model, lens, slots)
     eager_cache = copy.deepcopy(cache)
-    graphs = DecodeGraphs(model, cache, max_blocks=8, use_graphs=True)
-    eager = DecodeGraphs(model, eager_cache, max_blocks=8, use_graphs=False)
+    graphs = DecodeGraphs(model, cache, max_blocks=max_blocks, use_graphs=True)
+    eager = DecodeGraphs(model, eager_cache, max_blocks=max_blocks, use_graphs=False)
+    assert graphs._bucket(4).attention.plan.config.num_splits == splits
     for step in range(3):
         rows = _decode_rows(ids, tables, slots, lens, step)
         for r, (g, e) in enumerate(zip(graphs.forward(rows), eager.forward(rows))):
             assert max_abs(g, e) == 0.0, f"step {step}, row {r}: graph != eager"
     for layer in cache.ssm_pool:
         assert torch.equal(cache.ssm_pool[layer], eager_cache.ssm_pool[layer]), f"ssm pool {layer}"
+
+
+def test_split_k_bucket_runs_in_its_own_workspace(model, monkeypatch):
+    """Block tables of 300 pages of 4 (1200 tokens): the bucket's plan splits K in 2 and owns its
+    workspace; the eager bucket step equals forward_batch and allocates no workspace."""
+    import kernels.paged_attention as pa
+
+    lens, slots = [9, 14], [1, 0]
+    cache, ids, tables = _prefilled(model, lens, slots)
+    ref_cache = copy.deepcopy(cache)
+    graphs = DecodeGraphs(model, cache, max_blocks=300, buckets=(2,), use_graphs=False)
+    plan = graphs._bucket(2).attention.plan
+    assert plan.config.num_splits == 2 and tuple(plan.workspace.acc.shape) == (2, 4, 2, 16)
+    plan.workspace.acc.fill_(float("nan"))
+    monkeypatch.setattr(pa, "allocate_split_workspace", lambda *a, **k: pytest.fail("allocated a workspace"))
+    for step in range(2):
+        rows = _decode_rows(ids, tables, slots, lens, step)
+        for r, (g, w) in enumerate(zip(graphs.forward(rows), model.forward_batch(rows, ref_cache).logits)):
+            assert max_abs(g, w) <= LOGIT_ATOL, f"step {step}, row {r}"
+    assert not torch.isnan(plan.workspace.acc).any(), "the kernel wrote its partials elsewhere"

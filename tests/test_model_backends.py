@@ -1,4 +1,5 @@
-"""The `triton` backend (kernels; the interpreter on a CPU) == the `torch` backend (references).
+"""The `triton` backend (kernels: the interpreter on a CPU, the GPU where there is one) == the `torch`
+backend (references, on the CPU).
 
 Same "tiny" (Bamba) or "granite-tiny" (GraniteMoeHybrid) weights, fp32, a mixed schedule: prefill rows with in-pass captures, rows resuming
 from pool states, decode rows. The Triton scan tiles by the config's 16-token chunk, so the
@@ -11,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import DEVICE
 from model import SequenceChunk, from_preset
 from model_helpers import max_abs, one_thread, tokens  # noqa: F401  (one_thread: autouse)
 
@@ -19,21 +21,30 @@ STATE_ATOL = 1e-5  # fp32 conv / SSM states and KV, max abs
 BLOCK_SIZE = 16  # the Triton paged-attention kernel takes pages of 16..256 tokens
 
 
+@pytest.fixture(scope="module")
+def device():
+    """Where the Triton model runs: the GPU when there is one (scripts/gpu_check.sh), else the CPU
+    (the interpreter). The torch backend, the reference, stays on the CPU."""
+    return DEVICE
+
 
 @pytest.fixture(scope="module", params=["tiny", "granite-tiny"])
-def models(request):
-    return {name: from_preset(request.param, backend=name, seed=0) for name in ("torch", "triton")}
+def models(request, device):
+    # Both initialized on the CPU (the seeded init draws on the model's device), then moved.
+    return {"torch": from_preset(request.param, backend="torch", seed=0),
+            "triton": from_preset(request.param, backend="triton", seed=0).to(device)}
 
 
-def test_same_weights(models):
+def test_same_weights(models, device):
+    assert models["triton"].device.type == torch.device(device).type
     for (name, a), b in zip(models["torch"].state_dict().items(), models["triton"].state_dict().values()):
-        assert torch.equal(a, b), name
+        assert torch.equal(a, b.cpu()), name
     assert models["triton"].backend == "triton" and models["torch"].backend == "torch"
 
 
 def test_plain_logits_agree(models):
     ids = tokens(45, 0)
-    err = max_abs(models["triton"].logits(ids), models["torch"].logits(ids))
+    err = max_abs(models["triton"].logits(ids).cpu(), models["torch"].logits(ids))
     assert err <= LOGIT_ATOL, err
 
 
@@ -62,19 +73,19 @@ def test_forward_batch_agrees_logits_captures_states(models):
     n_captures = 0
     for step, ref, tri in zip(SCHEDULE, ref_steps, tri_steps):
         for r, (s, (st, n, offs)) in enumerate(step.items()):
-            assert max_abs(tri.logits[r], ref.logits[r]) <= LOGIT_ATOL, (s, st)
-            assert max_abs(tri.logits[r], whole[s][st:st + n]) <= LOGIT_ATOL, (s, st)
+            assert max_abs(tri.logits[r].cpu(), ref.logits[r]) <= LOGIT_ATOL, (s, st)
+            assert max_abs(tri.logits[r].cpu(), whole[s][st:st + n]) <= LOGIT_ATOL, (s, st)
             assert len(tri.captured[r]) == len(ref.captured[r]) == len(offs)
             for a, b in zip(tri.captured[r], ref.captured[r]):
                 for x, y in zip(a.conv + a.ssm, b.conv + b.ssm):
-                    assert max_abs(x, y) <= STATE_ATOL, (s, st)
+                    assert max_abs(x.cpu(), y) <= STATE_ATOL, (s, st)
                 n_captures += 1
     assert n_captures == 5
     for slot in range(3):
         a, b = tri_cache.read_state(slot), ref_cache.read_state(slot)
         for x, y in zip(a.conv + a.ssm, b.conv + b.ssm):
-            assert max_abs(x, y) <= STATE_ATOL, slot
+            assert max_abs(x.cpu(), y) <= STATE_ATOL, slot
             assert y.abs().max() > 1e-3
     for layer in models["torch"].config.attn_layer_indices:
-        assert max_abs(tri_cache.key_cache[layer], ref_cache.key_cache[layer]) <= STATE_ATOL
-        assert max_abs(tri_cache.value_cache[layer], ref_cache.value_cache[layer]) <= STATE_ATOL
+        assert max_abs(tri_cache.key_cache[layer].cpu(), ref_cache.key_cache[layer]) <= STATE_ATOL
+        assert max_abs(tri_cache.value_cache[layer].cpu(), ref_cache.value_cache[layer]) <= STATE_ATOL

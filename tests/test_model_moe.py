@@ -8,13 +8,14 @@ import re
 
 import pytest
 import torch
+import torch.utils._python_dispatch
 
 from kernels.testing import assert_close
 from model import PRESETS, HybridLM, load_pretrained, save_pretrained
 from model.families import FAMILIES, Family, granite
 from model.loading import init_random_weights
 from model.mlp import swiglu_halves
-from model.moe import SoftmaxTopKRouter, run_experts
+from model.moe import SoftmaxTopKRouter, expert_offsets, run_experts
 from model_helpers import max_abs, one_thread, tokens  # noqa: F401  (one_thread: autouse)
 
 FP32_ATOL = 1e-5  # max abs, outputs O(1); bf16 uses the kernels' stated bf16 tolerance (kernels.testing)
@@ -105,3 +106,76 @@ def test_stacked_checkpoint_tensors_load_and_save(monkeypatch, tmp_path):
     save_file(saved, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=f"^{name}: missing tensor"):
         load_pretrained(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The grouped path's offsets stay on the device: no host read (issue 11).
+
+HOST_READS = {"_local_scalar_dense", "_unique2", "unique_dim", "unique_consecutive", "nonzero", "masked_select",
+              "nonzero_static", "bincount"}  # bincount: CUDA sizes its output from the ids' max, read on the host
+
+
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """Names of the aten ops a block dispatches (ops inside an op, e.g. _grouped_mm's CPU loop, are not seen)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("E, counts", [(5, [0, 3, 0, 4, 0]), (4, [2, 2, 2, 2]), (6, [0, 0, 0, 0, 0, 7]), (1, [3])],
+                         ids=["empty-first-middle-last", "even", "all-in-the-last", "one-expert"])
+def test_expert_offsets_equal_the_cumsum_of_the_counts(E, counts):
+    ids = torch.repeat_interleave(torch.arange(E), torch.tensor(counts))
+    ids = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(E))]
+    offsets = expert_offsets(ids.sort(stable=True).values, E)
+    assert offsets.dtype == torch.int32 and offsets.shape == (E,)
+    assert offsets.tolist() == torch.bincount(ids, minlength=E).cumsum(0).tolist()
+
+
+def test_grouped_dispatch_reads_nothing_on_the_host(monkeypatch):
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no _grouped_mm")
+    x, weights, index, w_in, w_out = _inputs(37, 32, 24, 5, 3, torch.float32)
+    tolists = []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: tolists.append(t.shape) or real_tolist(t))
+    for grouped in (True, False):
+        with _OpLog() as log:
+            got = run_experts(x, weights, index, w_in, w_out, swiglu_halves, grouped=grouped)
+        reads = sorted(set(log.ops) & HOST_READS) + ["tolist"] * len(tolists)
+        tolists.clear()
+        if grouped:
+            assert reads == [] and "_grouped_mm" in log.ops, reads
+            want = got
+        else:  # the per-expert loop reads its slice bounds: the log sees it
+            assert reads == ["bincount", "tolist"], reads
+            assert max_abs(got, want) <= FP32_ATOL
+
+
+def test_nemotron_experts_grouped_equal_the_loop_without_host_reads(monkeypatch):
+    """Nemotron-H's relu^2 experts through the grouped path (forced on the CPU) == the loop, with
+    no host read; the loop is what the family parity tests check against transformers."""
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no _grouped_mm")
+    import model.moe_nemotron as nemotron
+
+    experts = nemotron.ReluSquaredExperts(32, 6, 16)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        experts.up_proj.copy_(torch.randn(6, 16, 32, generator=g) / 32 ** 0.5)
+        experts.down_proj.copy_(torch.randn(6, 32, 16, generator=g) / 4)
+    x = torch.randn(41, 32, generator=g)
+    index = torch.rand(41, 5, generator=g).argsort(-1)[:, :3]  # expert 5 never chosen: an empty group
+    weights = torch.rand(41, 3, generator=g)
+    with torch.no_grad():
+        loop = experts(x, weights, index)
+        monkeypatch.setattr(nemotron, "use_grouped_mm", lambda *a: True)
+        with _OpLog() as log:
+            grouped = experts(x, weights, index)
+    assert sorted(set(log.ops) & HOST_READS) == [] and "_grouped_mm" in log.ops
+    assert max_abs(grouped, loop) <= FP32_ATOL and loop.abs().max() > 0.1

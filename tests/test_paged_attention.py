@@ -242,6 +242,128 @@ def test_split_heuristic_splits_only_long_decodes():
     assert pa.is_decode(1, 4) and pa.is_decode(4, 4) and not pa.is_decode(5, 4)
 
 
+# ---------------------------------------------------------------------------------------------
+# Mixed batches: the trailing decode rows in a split-K launch of their own (`choose_launches`).
+
+MIXED_SPLIT_CASES = [
+    # id, specs (q_len, context), block_size, num_kv_heads, group, head_dim, dtype, first decode-part
+    # row, its splits. Decode rows of 1025+ keys split in 2 or 4 (>= 512 keys a split); the chunks
+    # are short, so they visit far fewer keys per SM than the decode rows hold. A decode row is
+    # q_len * group <= 16: q_len 2 at group 2 is one, q_len 9 is not.
+    ("chunk-over-prefix+2-decodes-bs16-g4-d64-bf16", [(37, 50), (1, 1300), (1, 2100)], 16, 2, 4, 64, "bf16", 1, 4),
+    ("2-chunks+q0+q2-bs48-g2-d80-fp16", [(20, 0), (9, 33), (1, 1030), (0, 70), (2, 1100)], 48, 1, 2, 80, "fp16",
+     2, 2),
+    ("decode-then-chunk-then-decode-bs32-g4-d64-fp32", [(1, 1100), (6, 3), (1, 1063)], 32, 1, 4, 64, "fp32", 2, 2),
+]
+
+
+@pytest.mark.parametrize("specs,block_size,num_kv_heads,group,head_dim,dtype,first,splits",
+                         [c[1:] for c in MIXED_SPLIT_CASES], ids=[c[0] for c in MIXED_SPLIT_CASES])
+def test_mixed_batch_splits_its_decode_rows(specs, block_size, num_kv_heads, group, head_dim, dtype, first, splits):
+    batch = make_batch(specs, block_size=block_size, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
+                       dtype=DTYPES[dtype], seed=len(specs) + head_dim)
+    checked = pa.plan(*batch.args())
+    assert checked.decode_part is not None and checked.decode_part.first_seq == first
+    assert checked.decode_part.first_token == sum(q for q, _ in specs[:first])
+    assert checked.decode_part.config.num_splits == splits and checked.config.num_splits == 1
+    got, want = run_both(batch)
+    assert_close(got, want, DTYPES[dtype], msg=f"{specs}: two launches")
+    one, _ = run_both(batch, num_splits=1)  # one launch: the decode rows ride the chunk's
+    assert_close(one, want, DTYPES[dtype], msg=f"{specs}: one launch")
+
+
+def test_mixed_batch_launches_attention_twice_and_merges_once(monkeypatch):
+    batch = make_batch([(40, 20), (1, 1100)], block_size=16, num_kv_heads=1, group=4, head_dim=64,
+                       dtype=torch.bfloat16)
+    launched = []
+    for kernel in (pa.paged_attention_kernel, pa.paged_attention_merge_kernel):
+        monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, _n=kernel.fn.__name__, **k:
+                            launched.append(_n) or _run(*a, **k))
+    got, want = run_both(batch)
+    assert launched == ["paged_attention_kernel", "paged_attention_kernel", "paged_attention_merge_kernel"]
+    assert_close(got, want, torch.bfloat16)
+
+
+def test_mixed_batch_rule_at_bamba_shapes():
+    """32/8 heads of 128, bf16, 132 SMs: a 32K decode row leaves a short chunk's launch (8 programs
+    of 32768 keys become 256 of 1024), stays in a long one, and forced splits keep one launch."""
+    kw = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, max_blocks=2048, dtype=torch.bfloat16,
+              device="meta")
+    short = pa.plan_from_host([512, 1], [512, 32768], **kw)
+    assert short.describe() == "m128n64w8s1+m16n64w4s32"
+    part = short.decode_part
+    assert (part.first_seq, part.first_token) == (1, 512)
+    assert short.split_launch() == (part.config, 1)
+    assert tuple(short.workspace.acc.shape) == (1, 32, 32, 128) and tuple(short.workspace.m.shape) == (1, 32, 32)
+    meta = short.meta
+    assert pa._prefill_keys_per_sm(meta, 1, 32, 8, 132) == pytest.approx(34816 / 132)  # 264 keys an SM
+    for q in (5900, 8192):  # 33K and 64K keys an SM: the row rides the chunk's first wave
+        long = pa.plan_from_host([q, 1], [q, 32768], **kw)
+        assert long.decode_part is None and long.workspace is None and long.describe() == "m128n64w8s1"
+    assert pa.plan_from_host([5700, 1], [5700, 32768], **kw).decode_part is not None  # 31K keys an SM
+    short_rows = pa.plan_from_host([512, 1], [512, 900], **kw)  # < 2 x 512 keys: the decode rows would not split
+    assert short_rows.decode_part is None
+    forced = pa.plan_from_host([512, 1], [512, 32768], num_splits=1, **kw)
+    assert forced.decode_part is None and forced.workspace is None
+    interleaved = pa.plan_from_host([1, 512], [32768, 512], **kw)  # a decode row before the chunk rides it
+    assert interleaved.decode_part is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Split-K workspaces passed in: no allocation in the launcher.
+
+
+class _NoAllocTorch:
+    """`torch` as the launcher module sees it, with its allocating constructors failing the test."""
+
+    ALLOCATORS = ("empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "full_like", "ones")
+
+    def __getattr__(self, name):
+        if name in self.ALLOCATORS:
+            raise AssertionError(f"torch.{name} called in kernels.paged_attention")
+        return getattr(torch, name)
+
+
+@pytest.mark.parametrize("specs", [[(1, 1099), (1, 700)], [(30, 12), (1, 1099), (1, 700)]],
+                         ids=["decode", "mixed"])
+def test_split_k_runs_in_the_workspace_it_is_given(specs, monkeypatch):
+    batch = make_batch(specs, block_size=32, num_kv_heads=2, group=4, head_dim=64, dtype=torch.bfloat16, seed=5)
+    checked = pa.plan(*batch.args())
+    assert checked.workspace is None  # the tensor-checked plan leaves the workspace to the launch
+    cfg, rows = checked.split_launch()
+    assert (cfg.num_splits, rows) == (2, 2)
+    ws = pa.allocate_split_workspace(rows + 1, 8, cfg.num_splits, 64, DEVICE)  # one row more than needed
+    for t in (ws.acc, ws.m, ws.l):
+        t.fill_(float("nan"))
+    out = nan_filled(batch.query.shape, batch.query.dtype, DEVICE)
+    with monkeypatch.context() as m:
+        m.setattr(pa, "torch", _NoAllocTorch())
+        pa.launch(checked, *batch.args(), out, workspace=ws)
+        with pytest.raises(AssertionError, match="torch.empty"):  # the fallback allocates: the guard can fail
+            pa.launch(checked, *batch.args(), nan_filled(out.shape, out.dtype, DEVICE))
+    assert not torch.isnan(ws.acc[:rows]).any() and not torch.isnan(ws.l[:rows]).any(), "partials not written there"
+    assert torch.isnan(ws.acc[rows:]).all(), "wrote past the launch's rows"
+    want = paged_attention_ref(*batch.args())
+    assert_close(out, want, torch.bfloat16, msg="given workspace")
+    unsplit, _ = run_both(batch, num_splits=1)
+    assert_close(out, unsplit, torch.bfloat16, msg="split vs one split")
+    fresh = pa.launch(checked, *batch.args(), nan_filled(out.shape, out.dtype, DEVICE))  # allocates its own
+    assert torch.equal(fresh, out)
+
+
+@pytest.mark.parametrize("specs", [[(1, 1099)], [(30, 12), (1, 1099)]], ids=["decode", "mixed"])
+def test_workspace_of_the_wrong_shape_is_refused(specs):
+    """Before any launch: in a mixed batch the chunk's launch (no workspace) would come first."""
+    batch = make_batch(specs, block_size=32, num_kv_heads=2, group=4, head_dim=64, dtype=torch.bfloat16)
+    checked = pa.plan(*batch.args())
+    out = nan_filled(batch.query.shape, batch.query.dtype, DEVICE)
+    for bad in (pa.allocate_split_workspace(1, 8, 4, 64, DEVICE),  # 4 splits for a 2-split launch
+                pa.allocate_split_workspace(0, 8, 2, 64, DEVICE)):  # no row
+        with pytest.raises(ValueError, match="workspace"):
+            pa.launch(checked, *batch.args(), out, workspace=bad)
+    assert torch.isnan(out).all()
+
+
 def test_reference_matches_dense_attention_and_row_blocking(monkeypatch):
     """The oracle, and the CPU path with and without row blocks, against per-sequence dense SDPA in fp64."""
     batch = make_batch([(1, 37), (63, 0), (20, 100), (0, 5)], block_size=16, num_kv_heads=2, group=3, head_dim=32,

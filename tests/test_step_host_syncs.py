@@ -28,6 +28,10 @@ MAMBA_PREFILL = {"_causal_conv1d_kernel": 1, "_causal_conv1d_final_kernel": 1, "
                  "_ssd_chunk_scan_kernel": 1}
 MAMBA_DECODE = {"_conv1d_decode_kernel": 1, "_ssd_decode_kernel": 1}
 ATTENTION = {"kv_cache_write_kernel": 1, "paged_attention_kernel": 1}  # no split-K at these lengths
+# A 1101-token decode row beside a 12-token chunk (tiny: GROUP 2, so > 8 tokens is a chunk): the
+# decode row leaves the chunk's launch for its own split-K launch (2 splits) and the merge, all
+# planned on the host (kernels/paged_attention.py `choose_launches`).
+ATTENTION_MIXED_SPLIT = {"kv_cache_write_kernel": 1, "paged_attention_kernel": 2, "paged_attention_merge_kernel": 1}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +78,21 @@ def test_step_makes_no_host_sync_and_one_upload(model, production_checks, monkey
             assert dict(counter.launches[tag]) == want, f"step {step}, layer {tag}: launches {counter.launches[tag]}"
         assert counter.uploads == 1, f"step {step}: {counter.uploads} metadata uploads"
         assert not counter.launches.get(STEP), f"step {step}: launches outside the layers {counter.launches[STEP]}"
+
+
+def test_mixed_step_with_a_long_decode_row_makes_no_host_sync(model, production_checks, monkeypatch):
+    cache = model.allocate_cache(150, 8, 4)
+    rows = [SequenceChunk(tokens(12, 3), 0, [0, 1], 0), SequenceChunk(tokens(1, 4), 1100, list(range(2, 141)), 1)]
+    counter = StepCounter(model)
+    with monkeypatch.context() as m, counter.installed(m):
+        out = model.forward_batch(rows, cache)
+    assert all(torch.isfinite(lg).all() for lg in out.logits)
+    for i, layer in enumerate(model.layers):
+        tag = f"{i}:{layer.kind}"
+        assert counter.syncs.get(tag, []) == [] and counter.creations.get(tag, []) == [], tag
+        want = {**MAMBA_PREFILL, **MAMBA_DECODE} if layer.kind == "mamba" else ATTENTION_MIXED_SPLIT
+        assert dict(counter.launches[tag]) == want, f"layer {tag}: launches {counter.launches[tag]}"
+    assert counter.uploads == 1
 
 
 def test_counter_sees_a_sync_and_an_upload_in_a_layer(model, production_checks, monkeypatch):

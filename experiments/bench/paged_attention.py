@@ -7,6 +7,10 @@
 * Peers in the same run: torch SDPA on contiguous K/V (flash backend forced where it accepts the
   call), and FlexAttention over a page table (its own 128-token pages) where
   `torch.nn.attention.flex_attention` imports.
+* Mixed batch: one fresh prefill chunk (512 / 8192 queries) beside one decode row at 32K context:
+  the default plan (the decode row in its own split-K launch when `choose_launches` says so, note
+  e.g. "m128n64w8s1+m16n64w4s32") against the one-launch plan (``num_splits=1``: the decode row
+  rides the chunk's launch), launch alone, ms (issue 11's measured reason, either way).
 * Every config is checked against the oracle `paged_attention_ref` before it is timed; a failing
   one is not reported (the row says so), and the script exits 1.
 * The Triton kernel is timed twice: the launch alone (`paged_attention.launch` of a plan made once:
@@ -49,6 +53,11 @@ def parse_args(argv=None):
                    help="query tokens in the prefill chunk (default: %(default)s)")
     p.add_argument("--prefixes", default="0,4096,8192,16384,32768",
                    help="cached-prefix lengths for the prefill chunk, comma-separated (default: %(default)s)")
+    p.add_argument("--mixed-chunks", default="512,8192",
+                   help="fresh prefill chunk lengths of the mixed batches, comma-separated; '' for none "
+                        "(default: %(default)s)")
+    p.add_argument("--mixed-context", type=int, default=32768,
+                   help="context of the decode row beside each mixed chunk (default: %(default)s)")
     p.add_argument("--num-q-heads", type=int, default=32, help="query heads (default: %(default)s)")
     p.add_argument("--num-kv-heads", type=int, default=8, help="KV heads (default: %(default)s)")
     p.add_argument("--head-dim", type=int, default=128, help="head dimension (default: %(default)s)")
@@ -252,6 +261,61 @@ def attention_flops(pb: Problem) -> float:
     return 4.0 * batch * pb.query.shape[1] * pb.query.shape[2] * pairs
 
 
+def make_mixed_problem(chunk, context, heads_q, heads_kv, head_dim, block_size, dtype, device) -> tuple:
+    """A fresh chunk of `chunk` queries, then one decode row over `context` cached tokens: the
+    paged-attention arguments, block ids a random permutation."""
+    lens = [chunk, context + 1]
+    blocks = [-(-n // block_size) for n in lens]
+    shape = (sum(blocks), block_size, heads_kv, head_dim)
+    key_cache = torch.randn(shape, dtype=dtype, device=device)
+    value_cache = torch.randn(shape, dtype=dtype, device=device)
+    perm = torch.randperm(sum(blocks), device=device).to(torch.int32)
+    block_tables = torch.zeros(2, max(blocks), dtype=torch.int32, device=device)
+    block_tables[0, :blocks[0]], block_tables[1, :blocks[1]] = perm[:blocks[0]], perm[blocks[0]:]
+    query = torch.randn(chunk + 1, heads_q, head_dim, dtype=dtype, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    cu = torch.tensor([0, chunk, chunk + 1], dtype=torch.int32, device=device)
+    return query, key_cache, value_cache, block_tables, seq_lens, cu
+
+
+def run_mixed(chunk, args, env, do_bench, rows, device) -> bool:
+    """The default plan of a mixed batch against the one-launch plan: launch alone, checked first."""
+    from kernels import paged_attention as pa
+    from kernels.reference.paged_attention import paged_attention_ref
+
+    dtype = DTYPES[args.dtype]
+    problem = make_mixed_problem(chunk, args.mixed_context, args.num_q_heads, args.num_kv_heads, args.head_dim,
+                                 args.block_size, dtype, device)
+    want = paged_attention_ref(*problem)
+    base = dict(env, kind="mixed", batch=2, q_len=chunk, seq_len=args.mixed_context + 1, context=args.mixed_context,
+                num_q_heads=args.num_q_heads, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim,
+                block_size=args.block_size, dtype=args.dtype)
+    all_ok = True
+    for impl, num_splits in (("triton_paged", None), ("triton_paged_one_launch", 1)):
+        out = torch.empty_like(problem[0])
+        checked = pa.plan(*problem, out=out, num_splits=num_splits)
+        rows_ws, splits = _split_rows(checked)  # preallocated, as the model's step plan holds it
+        workspace = pa.allocate_split_workspace(rows_ws, args.num_q_heads, splits, args.head_dim, problem[0].device)
+        fn = lambda: pa.launch(checked, *problem, out, workspace)  # noqa: E731
+        ok, err = close_enough(fn(), want, dtype)
+        row = dict(base, impl=impl, note=checked.describe(), max_abs_err=f"{err:.3g}", correct=ok)
+        if ok:
+            ms = do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
+            row["ms"] = f"{ms:.4f}"
+            print(f"  {impl:<24} {checked.describe():<26} {ms:9.4f} ms")
+        else:
+            print(f"  {impl:<24} {checked.describe():<26} WRONG (max abs err {err:.3g}): not reported")
+        all_ok &= ok
+        rows.append(row)
+    return all_ok
+
+
+def _split_rows(checked) -> tuple[int, int]:
+    """(rows, splits) of the plan's split-K launch; (0, 1) without one (an empty workspace, unused)."""
+    split = checked.split_launch()
+    return (0, 1) if split is None else (split[1], split[0].num_splits)
+
+
 def close_enough(got, want, dtype) -> tuple[bool, float]:
     err = (got.float() - want.float()).abs().max().item()
     ok = bool(torch.allclose(got.float(), want.float(), **tolerance(dtype))) and not torch.isnan(got).any().item()
@@ -295,7 +359,7 @@ def run_config(kind, pb, args, env, do_bench, copy_gbps, rows):
     launch = lambda: pa.launch(checked, *pb.args(), out)  # noqa: E731
     ms_call = do_bench(lambda: pa.paged_attention(*pb.args(), out=out), warmup=args.warmup, rep=args.rep,
                        return_mode="median")
-    all_ok = report("triton_paged", checked.config.describe(), launch, ms_call)
+    all_ok = report("triton_paged", checked.describe(), launch, ms_call)
     if args.no_peers:
         return all_ok
     k, v = contiguous_kv(pb)
@@ -402,6 +466,11 @@ def main(argv=None) -> int:
         all_ok &= run_config("prefill", pb, args, env, do_bench, copy_gbps, rows)
         write_rows(csv_path, rows)
         del pb
+        torch.cuda.empty_cache()
+    for chunk in _ints(args.mixed_chunks):
+        print(f"mixed: chunk q={chunk} beside a decode row at ctx={args.mixed_context}")
+        all_ok &= run_mixed(chunk, args, env, do_bench, rows, device)
+        write_rows(csv_path, rows)
         torch.cuda.empty_cache()
     write_rows(csv_path, rows)  # the file exists even when every config was skipped
     plot(csv_path, args.out / PNG_NAME)
