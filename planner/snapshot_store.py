@@ -46,6 +46,9 @@ class EvictionPolicy(Protocol):
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
         """The snapshot to drop next; `snapshots` is in least-recently-used-first order."""
 
+    # Optional: `admits(key, snapshots) -> bool`, asked only when a new snapshot needs an eviction
+    # to fit: False keeps what is held and drops the new one (counted as `declined`).
+
 
 class LRUEviction:
     """Evict the snapshot used longest ago (the store's default)."""
@@ -66,6 +69,7 @@ class SnapshotStats:
     evicted: int = 0
     evicted_bytes: int = 0
     rejected: int = 0  # larger than the whole budget
+    declined: int = 0  # the eviction policy would rather keep what it holds (`admits`)
     duplicates: int = 0  # a save for a prefix already held (refreshed, not stored twice)
 
 
@@ -112,6 +116,11 @@ class SnapshotStore:
         nbytes = int(state.nbytes)
         if self.byte_budget is not None and nbytes > self.byte_budget:
             self.stats.rejected += 1
+            return False
+        full = self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget
+        admits = getattr(self.eviction, "admits", None)
+        if full and admits is not None and not admits((anchor, tail), list(self._lru.values())):
+            self.stats.declined += 1
             return False
         while self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget:
             self._evict(self.eviction.choose_victim(list(self._lru.values()), now))
