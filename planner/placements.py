@@ -197,8 +197,9 @@ OPTIMUM = ChunkPolicy(
            "will match, in the prefill of the first request that computes it (the request's "
            "`snapshot_marks`, set by a driver that knows the trace: experiments.traces.oracle). With "
            "unbounded memory that restores every KV match, the most any placement reaches (the "
-           "Sparse Prefix Caching, arXiv 2605.05219, optimum's value there); under a budget it keeps "
-           "LRU eviction, not that paper's dynamic program, so it is a reference, not a bound.",
+           "Sparse Prefix Caching, arXiv 2605.05219, optimum's value there); under a budget the driver "
+           "evicts by next use (Belady's MIN with bypass, planner.eviction.NextUseEviction; LRU when it "
+           "gives no future): optimal in restores for equal-size snapshots, a reference for tokens.",
 )
 
 PEER_POLICIES: dict[str, ChunkPolicy] = {p.name: p for p in (
