@@ -177,15 +177,28 @@ MARCONI = ChunkPolicy(
 )
 
 # ---------------------------------------------------------------- ours-plus
+# Speculative in-launch captures every 2048 tokens (4 Mooncake hash blocks): they cost no forward,
+# only snapshot memory, and go only into free memory. First 500 Mooncake conversation requests,
+# Bamba-9B, unbounded memory: SSM hits 96% of KV hits as given (32% without the grid; 92% at a
+# 4096 grid) and 99% in chains (83%); at 0.25 and 4 GB the same hits as without it.
+OURS_PLUS_GRID_TOKENS = 2048
+
+
+def _ours_grid(kv_match: int, restore_at: int, total: int, ctx: PlanContext) -> tuple[int, ...]:
+    grid = -(-OURS_PLUS_GRID_TOKENS // ctx.block_size) * ctx.block_size
+    return tuple(range(grid, total, grid))
+
+
 OURS_PLUS = ChunkPolicy(
     "ours-plus",
     chunk_len=lambda o, t, p, ctx: plan_chunk_len(o, t, p, ctx.block_size),
     saves_snapshot=lambda e, t, ctx: is_checkpoint_chunk_end(e, t, ctx.block_size, ctx.interval),
     last_captures=lambda o, n, t, ctx: last_chunk_capture_offsets(o, n, t, ctx.block_size),
-    marks=_junction, mark_mode="capture",
+    marks=_junction, mark_mode="capture", speculative_marks=_ours_grid,
     source="this project: `aligned`, plus the state at the KV match captured inside the scan launch "
-           "of the replay that crosses it when the restore point lags the match, and the state at the "
-           "last block boundary of prompt + reply kept at finish (decode snapshots).",
+           "of the replay that crosses it when the restore point lags the match, the state at the "
+           "last block boundary of prompt + reply kept at finish (decode snapshots), and speculative "
+           f"in-launch captures every {OURS_PLUS_GRID_TOKENS} tokens that only fill free snapshot memory.",
 )
 
 # ---------------------------------------------------------------- offline optimum
@@ -197,8 +210,9 @@ OPTIMUM = ChunkPolicy(
            "will match, in the prefill of the first request that computes it (the request's "
            "`snapshot_marks`, set by a driver that knows the trace: experiments.traces.oracle). With "
            "unbounded memory that restores every KV match, the most any placement reaches (the "
-           "Sparse Prefix Caching, arXiv 2605.05219, optimum's value there); under a budget it keeps "
-           "LRU eviction, not that paper's dynamic program, so it is a reference, not a bound.",
+           "Sparse Prefix Caching, arXiv 2605.05219, optimum's value there); under a budget the driver "
+           "evicts by next use (Belady's MIN with bypass, planner.eviction.NextUseEviction; LRU when it "
+           "gives no future): optimal in restores for equal-size snapshots, a reference for tokens.",
 )
 
 PEER_POLICIES: dict[str, ChunkPolicy] = {p.name: p for p in (

@@ -163,7 +163,9 @@ class ChunkPolicy:
 
     A mark strictly inside a chunk either stops the chunk there (`mark_mode="stop"`: one more
     forward, the state saved at the chunk end) or is captured inside the same scan launch
-    (`"capture"`). `source` names where the rules come from.
+    (`"capture"`). `speculative_marks` are marks no request has asked for yet (a grid, say):
+    planned like the others, but their snapshots only go into free snapshot memory, never
+    evicting one (`SnapshotStore.save(speculative=True)`). `source` names where the rules come from.
     """
 
     name: str
@@ -173,6 +175,7 @@ class ChunkPolicy:
         lambda offset, length, total, ctx: last_chunk_capture_offsets(offset, length, total, ctx.block_size)
     marks: Callable[[int, int, int, PlanContext], tuple[int, ...]] = _no_marks
     mark_mode: str = "stop"
+    speculative_marks: Callable[[int, int, int, PlanContext], tuple[int, ...]] = _no_marks
     source: str = ""
 
     def __post_init__(self):

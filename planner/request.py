@@ -63,6 +63,8 @@ class Request:
     # Positions this request's prefill must leave a snapshot at besides its policy's (an offline
     # driver that knows which prefixes later requests will match sets them).
     snapshot_marks: tuple[int, ...] = ()
+    # The policy's speculative marks at admission: saved only into free snapshot memory.
+    speculative_positions: frozenset[int] = frozenset()
     metrics: RequestMetrics = dataclasses.field(default_factory=RequestMetrics)
 
     def __post_init__(self):

@@ -209,7 +209,9 @@ class Scheduler:
         start, total = lease.num_computed_tokens, len(tokens)
         marks = {m for m in (*self.policy.marks(lease.num_cached_tokens, start, total, self.context),
                              *req.snapshot_marks) if start < m < total}
-        prefill = PrefillState(tokens, lease, tuple(sorted(marks)))
+        speculative = {m for m in self.policy.speculative_marks(lease.num_cached_tokens, start, total, self.context)
+                       if start < m < total} - marks
+        prefill = PrefillState(tokens, lease, tuple(sorted(marks | speculative)))
         plan = prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy, self.context)
         if not self.kv.allocate(lease, plan.end):
             self.kv.release(lease)
@@ -217,6 +219,7 @@ class Scheduler:
         if restore is not None:
             self.snapshots.mark_restored(restore)
         req.lease, req.prefill, req.status = lease, prefill, RequestStatus.RUNNING
+        req.speculative_positions = frozenset(speculative)
         req.slot = self.free_slots.pop()
         m = req.metrics
         m.kv_match_tokens = lease.num_cached_tokens

@@ -46,6 +46,9 @@ class EvictionPolicy(Protocol):
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
         """The snapshot to drop next; `snapshots` is in least-recently-used-first order."""
 
+    # Optional: `admits(key, snapshots) -> bool`, asked only when a new snapshot needs an eviction
+    # to fit: False keeps what is held and drops the new one (counted as `declined`).
+
 
 class LRUEviction:
     """Evict the snapshot used longest ago (the store's default)."""
@@ -66,6 +69,7 @@ class SnapshotStats:
     evicted: int = 0
     evicted_bytes: int = 0
     rejected: int = 0  # larger than the whole budget
+    declined: int = 0  # speculative with no free memory, or the policy keeps what it holds (`admits`)
     duplicates: int = 0  # a save for a prefix already held (refreshed, not stored twice)
 
 
@@ -98,8 +102,9 @@ class SnapshotStore:
         return anchor, tuple(token_ids[full * self.block_size : position])
 
     def save(self, token_ids: Sequence[int], position: int, state: Any, block_hashes: Sequence[BlockHash],
-             flops_saved: float = 0.0) -> bool:
-        """Store the state after `token_ids[:position]`; False when it cannot fit the budget."""
+             flops_saved: float = 0.0, speculative: bool = False) -> bool:
+        """Store the state after `token_ids[:position]`; False when it cannot fit the budget, or
+        when it is `speculative` (no request asked for it) and would need an eviction to fit."""
         require(0 < position <= len(token_ids), "position", f"must be in [1, {len(token_ids)}], got {position}")
         anchor, tail = self._key_parts(token_ids, position, block_hashes)
         now = next(self._clock)
@@ -112,6 +117,11 @@ class SnapshotStore:
         nbytes = int(state.nbytes)
         if self.byte_budget is not None and nbytes > self.byte_budget:
             self.stats.rejected += 1
+            return False
+        full = self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget
+        admits = getattr(self.eviction, "admits", None)
+        if full and (speculative or admits is not None and not admits((anchor, tail), list(self._lru.values()))):
+            self.stats.declined += 1
             return False
         while self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget:
             self._evict(self.eviction.choose_victim(list(self._lru.values()), now))

@@ -1,6 +1,7 @@
 """FLOP-aware eviction: exact victim order on tiny stores, and the prefill FLOP model."""
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -11,7 +12,8 @@ from model.engine import Engine, EngineConfig
 from model.hybrid import HybridLM
 from model.engine import PlaceholderRunner
 from planner.block_pool import hash_full_blocks
-from planner.eviction import EVICTION_POLICIES, FlopAwareEviction, PrefillFlops, get_eviction, prefill_flops
+from planner.eviction import (EVICTION_POLICIES, FlopAwareEviction, NextUseEviction, PrefillFlops, get_eviction,
+                              prefill_flops)
 from planner.scheduler import SchedulerConfig
 from planner.snapshot_store import LRUEviction, SnapshotStore
 
@@ -46,7 +48,37 @@ def restore(store, pos):
     store.mark_restored(snap)
 
 
+def key_at(pos, block_size=4):
+    return (hash_full_blocks(TOKENS[:pos], block_size)[-1], ())
+
+
 # ---------------------------------------------------------------- victim order
+def test_next_use_evicts_the_farthest_and_declines_what_comes_later():
+    # snapshot at 4 is restored by request 5, at 8 by 3, at 12 by 10, at 16 by 1, at 20 never
+    future = NextUseEviction({key_at(4): [5], key_at(8): [3], key_at(12): [10], key_at(16): [1, 7]})
+    rec = Recording(future)
+    rec.admits = future.admits
+    store = SnapshotStore(block_size=4, byte_budget=200, eviction=rec)
+    assert save(store, 4, 4.0) and save(store, 8, 8.0)
+    assert not save(store, 12, 12.0)  # used at 10, after both held ones: declined, nothing evicted
+    assert not save(store, 20, 20.0)  # never used again
+    assert store.stats.declined == 2 and store.positions() == [4, 8]
+    assert save(store, 16, 16.0)  # used at 1: the one used at 5 goes
+    assert rec.victims == [4] and store.positions() == [8, 16]
+    future.served(1)
+    future.served(3)  # 8's only use is behind: next use inf, 16's is now 7
+    assert future.next_use(key_at(8)) == math.inf and future.next_use(key_at(16)) == 7
+    assert save(store, 4, 4.0)  # used at 5 again: evicts 8 (never used), not 16
+    assert rec.victims == [4, 8] and store.positions() == [4, 16]
+
+
+def test_next_use_with_no_known_use_declines_every_eviction():
+    store = SnapshotStore(block_size=4, byte_budget=200, eviction=NextUseEviction({}))
+    assert save(store, 4, 4.0) and save(store, 8, 8.0)
+    assert not save(store, 12, 12.0)  # no use known: nothing is worth an eviction
+    assert store.positions() == [4, 8] and store.stats.evicted == 0
+
+
 def test_flop_aware_keeps_the_old_deep_snapshot_that_lru_drops():
     runs = {}
     for policy in (LRUEviction(), FlopAwareEviction(alpha=1.0)):

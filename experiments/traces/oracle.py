@@ -9,8 +9,14 @@ match. `optimum_marks` gives, per request index, the positions of its own prompt
 With unbounded snapshot memory and a KV cache that keeps everything, restoring every match is
 the most any placement can reach, so the policy that captures these positions (`optimum`) is the
 upper bound of the Sparse Prefix Caching (arXiv 2605.05219) dynamic program's objective there.
-Under a snapshot budget we do not solve that program: `optimum` then keeps LRU eviction and is a
-reference, not a bound.
+
+Under a snapshot budget the problem is no longer that paper's: its program places M checkpoints in
+one retained entry for a known distribution of overlap depths, while here entries come and go
+over an hour and the budget bounds what is held at once. Every snapshot of a shape has the same
+size, so we keep the captures above and let Belady's MIN decide what stays: `optimum_uses` gives,
+per snapshot key, the requests that will restore it, and `planner.eviction.NextUseEviction` evicts
+(or declines) the one used farthest ahead. That is optimal for the number of restores; for
+restored tokens it is a strong reference, not a proven bound (restores spare different amounts).
 
 Prefixes are identified by 64-bit rolling hashes of the tokens (`runner.prefix_hashes_from`),
 taken at block ends; a collision (about n^2 / 2^64 for n distinct prefixes) would only add a mark.
@@ -24,12 +30,13 @@ import numpy as np
 
 from experiments.traces.runner import Powers, prefix_hashes_from
 from experiments.workloads.request import WorkloadRequest
+from planner.block_pool import hash_full_blocks
 
 
-def optimum_marks(requests: Sequence[WorkloadRequest], block_size: int = 16) -> dict[int, list[int]]:
-    """Request index -> positions of its prompt a later request's match lands on (module docstring)."""
+def optimum_matches(requests: Sequence[WorkloadRequest], block_size: int = 16) -> list[tuple[int, int, int]]:
+    """(request index, first owner's index, position) per request with a KV match (module docstring)."""
     powers = Powers()
-    hashes, owners, plens = [], [], []
+    hashes, owners = [], []
     for req in requests:
         seq = np.asarray(req.prompt_ids(), dtype=np.int64)
         reply = req.reply_ids()
@@ -38,23 +45,42 @@ def optimum_marks(requests: Sequence[WorkloadRequest], block_size: int = 16) -> 
         h = prefix_hashes_from(0, seq, powers)[block_size - 1::block_size]
         hashes.append(h)
         owners.append(np.full(len(h), req.index, dtype=np.int64))
-        plens.append(req.prompt_len)
     if not hashes:
-        return {}
+        return []
     flat = np.concatenate(hashes)
     _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
     first_owner = np.concatenate(owners)[first][inverse]  # per block: the first request that had its prefix
-    marks: dict[int, set[int]] = {}
+    out = []
     at = 0
     for req, h in zip(requests, hashes):
         usable = (req.prompt_len - 1) // block_size
         earlier = first_owner[at:at + usable] < req.index
-        at += len(h)
         matched = usable if earlier.all() else int(np.argmin(earlier))
-        if matched == 0:
-            continue
-        owner = int(first_owner[at - len(h) + matched - 1])
-        position = matched * block_size
-        if position < plens[owner]:
+        if matched:
+            out.append((req.index, int(first_owner[at + matched - 1]), matched * block_size))
+        at += len(h)
+    return out
+
+
+def optimum_marks(requests: Sequence[WorkloadRequest], block_size: int = 16,
+                  matches: Sequence[tuple[int, int, int]] | None = None) -> dict[int, list[int]]:
+    """Request index -> positions of its prompt a later request's match lands on (module docstring)."""
+    prompt_len = {req.index: req.prompt_len for req in requests}
+    marks: dict[int, set[int]] = {}
+    for _, owner, position in optimum_matches(requests, block_size) if matches is None else matches:
+        if position < prompt_len[owner]:
             marks.setdefault(owner, set()).add(position)
     return {i: sorted(m) for i, m in marks.items()}
+
+
+def optimum_uses(requests: Sequence[WorkloadRequest], block_size: int = 16,
+                 matches: Sequence[tuple[int, int, int]] | None = None) -> dict[tuple, list[int]]:
+    """Snapshot key (`planner.snapshot_store.Snapshot.key`) -> the requests that will restore it:
+    the future `NextUseEviction` needs under a budget. The key of a match at a block end is the
+    chained sha256 of the prompt's blocks below it and an empty tail, as the engine computes it."""
+    by_index = {req.index: req for req in requests}
+    uses: dict[tuple, list[int]] = {}
+    for index, _, position in optimum_matches(requests, block_size) if matches is None else matches:
+        anchor = hash_full_blocks(by_index[index].prompt_ids()[:position], block_size)[-1]
+        uses.setdefault((anchor, ()), []).append(index)
+    return uses

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from experiments.workloads.request import WorkloadRequest
 from kernels.checks import require
 from model.engine import Engine
 from model.engine.placeholder_runner import PlaceholderRunner
+from planner.eviction import NextUseEviction
 from planner.placements import PLACEMENT_SETTINGS
 from planner.prefill_plan import get_policy
 
@@ -121,10 +122,12 @@ def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict
 
 
 def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
-             marks: dict[int, Sequence[int]] | None = None) -> dict:
+             marks: dict[int, Sequence[int]] | None = None, uses: Mapping[tuple, Sequence[int]] | None = None) -> dict:
     """Run the requests through one policy; returns its metrics and per-request records.
 
-    `marks`: request index -> positions its prefill must leave a snapshot at (the optimum's)."""
+    `marks`: request index -> positions its prefill must leave a snapshot at (the optimum's);
+    `uses`: snapshot key -> the requests that will restore it (`oracle.optimum_uses`): under a
+    budget, eviction then follows Belady's MIN (`NextUseEviction`) instead of the policy's own."""
     t0 = time.perf_counter()
     cost = ShapeCost.from_preset(cfg.shape)
     clock = SimClock()
@@ -132,6 +135,9 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
     prompt_lens: dict[str, int] = {}
     engine = build_engine(cfg, cost, clock, replies, prompt_lens)
     store = engine.snapshots
+    future = NextUseEviction(uses) if uses is not None and cfg.budget_gb is not None else None
+    if future is not None:
+        store.eviction = future
     pending = iter(requests)
     nxt = next(pending, None)
     arrivals: dict[str, float] = {}
@@ -160,6 +166,9 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
         if not engine.scheduler.has_work:
             continue
         finished = engine.step()
+        if future is not None:  # admitted requests have restored: their uses are behind them
+            for r in (*engine.scheduler.running, *finished):
+                future.served(indices[r.request_id])
         byte_seconds += store.bytes_held * (clock.now - last_t)
         last_t = clock.now
         peak = max(peak, store.bytes_held)

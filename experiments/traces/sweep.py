@@ -13,7 +13,7 @@ import functools
 from pathlib import Path
 from typing import Sequence
 
-from experiments.traces.oracle import optimum_marks
+from experiments.traces.oracle import optimum_marks, optimum_matches, optimum_uses
 from experiments.traces.simulate import SimConfig, simulate
 from experiments.workloads import MooncakeTrace, open_workload
 from experiments.workloads.request import WorkloadRequest
@@ -35,9 +35,12 @@ def load_requests(trace: str, reading: str, limit: int | None, trace_file: str |
 
 
 @functools.lru_cache(maxsize=4)
-def oracle_marks(trace: str, reading: str, limit: int | None, trace_file: str | None, block_size: int) -> dict:
-    """The optimum's capture positions for these requests (computed once per process)."""
-    return optimum_marks(load_requests(trace, reading, limit, trace_file), block_size)
+def oracle_for(trace: str, reading: str, limit: int | None, trace_file: str | None, block_size: int
+               ) -> tuple[dict, dict]:
+    """The optimum's capture positions and future restores for these requests (once per process)."""
+    requests = load_requests(trace, reading, limit, trace_file)
+    matches = optimum_matches(requests, block_size)
+    return optimum_marks(requests, block_size, matches), optimum_uses(requests, block_size, matches)
 
 
 def points_for(trace: str, readings: Sequence[str], policies: Sequence[str],
@@ -52,10 +55,11 @@ def measure_point(point: dict, config: dict) -> dict:
     cfg = SimConfig(point["policy"], shape=config["shape"], budget_gb=point["budget_gb"],
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
                     kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"])
-    marks = None
+    marks = uses = None
     if PLACEMENT_SETTINGS[cfg.policy].get("oracle"):
-        marks = oracle_marks(point["trace"], point["reading"], config["limit"], config.get("trace_file"), cfg.block_size)
-    out = simulate(requests, cfg, marks)
+        marks, uses = oracle_for(point["trace"], point["reading"], config["limit"], config.get("trace_file"),
+                                 cfg.block_size)
+    out = simulate(requests, cfg, marks, uses)
     return {**point, **out["metrics"], "ttft_s": [round(r.ttft_s, 6) for r in out["records"]]}
 
 

@@ -253,6 +253,7 @@ class Engine:
 
     def _save(self, req: Request, position: int, state: Any) -> None:
         if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
-                               flops_saved=self.snapshot_flops(position)):
+                               flops_saved=self.snapshot_flops(position),
+                               speculative=position in req.speculative_positions):
             req.metrics.snapshot_positions.append(position)
             req.metrics.snapshot_bytes += int(state.nbytes)
