@@ -237,3 +237,16 @@ def test_ray_sweep_on_two_cpus_matches_the_shards(tmp_path):
         for budget in ("0.2", "unbounded"):
             x, y = a["policies"][name]["by_budget"][budget], b["policies"][name]["by_budget"][budget]
             assert {k: v for k, v in x.items() if k not in drop} == {k: v for k, v in y.items() if k not in drop}
+
+
+def test_command_runs_the_synthetic_chat_sessions(tmp_path):
+    from experiments.traces.__main__ import main
+
+    out = tmp_path / "out"
+    assert main(["--trace", "synthetic", "--policies", "aligned,ours-plus", "--limit", "30", "--kv-pool-gb", "1",
+                 "--out", str(out), "--no-plots"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["trace"] == "synthetic" and s["reading"] == "chains" and s["requests"] == 30
+    ours, aligned = s["policies"]["ours-plus"], s["policies"]["aligned"]
+    # next turns share their history: the KV hits; ours-plus keeps the decode state a next turn restores
+    assert ours["kv_hit_tokens"] > 0 and ours["ssm_hit_tokens"] > aligned["ssm_hit_tokens"]
