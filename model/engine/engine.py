@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from array import array
 import time
+from array import array
 from typing import Any, Callable, Sequence
 
 import torch
