@@ -39,10 +39,17 @@ def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block
     first, last = len(hashes), len(token_ids) // block_size
     if last <= first:
         return hashes
-    data = memoryview(array("q", token_ids[first * block_size : last * block_size]).tobytes())
+    return append_block_hashes(hashes, token_ids[first * block_size : last * block_size], block_size)
+
+
+def append_block_hashes(hashes: list[BlockHash], block_tokens: Sequence[int], block_size: int) -> list[BlockHash]:
+    """Append the chained hashes of the whole blocks `block_tokens` holds, the block after
+    `hashes[-1]` first (a trailing partial block is ignored). For a caller that has the new
+    blocks' tokens without the whole sequence (a decoding request, every 16 tokens)."""
+    data = memoryview(array("q", block_tokens).tobytes())
     step = block_size * 8
     parent = hashes[-1] if hashes else b"root"
-    for i in range(last - first):
+    for i in range(len(block_tokens) // block_size):
         parent = hashlib.sha256(parent + data[i * step : (i + 1) * step]).digest()
         hashes.append(parent)
     return hashes
@@ -101,7 +108,8 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[KVBlock] | None:
         """`n` fresh blocks with ref_cnt 1, or None (nothing changes) when fewer than `n` are free."""
-        require(n >= 0, "n", f"must be >= 0, got {n}")
+        if n < 0:
+            require(False, "n", f"must be >= 0, got {n}")
         if n > len(self._free):
             return None
         out = []

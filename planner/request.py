@@ -80,6 +80,16 @@ class Request:
         """Prompt plus output tokens, without building their list."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without building the whole list (a 12,000-token
+        prompt is copied otherwise, every time a decoding request fills a block)."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
     def token_at(self, position: int) -> int:
         """Token `position` of prompt + output, without building their list."""
         n = len(self.prompt_token_ids)

@@ -21,7 +21,7 @@ import collections
 import dataclasses
 
 from kernels.checks import require
-from planner.block_pool import BlockPool, extend_block_hashes
+from planner.block_pool import BlockPool, append_block_hashes, extend_block_hashes
 from planner.prefill_plan import ChunkPlan, ChunkPolicy, PlanContext, check_interval, get_policy
 from planner.prefill_state import PrefillState
 from planner.prefix_cache import PrefixCache
@@ -151,7 +151,8 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING or not req.is_decoding:
                 continue
             pos = req.lease.num_computed_tokens
-            if not self._grow_or_preempt(req, pos + 1, preempted):
+            # (a new block once per block_size tokens: the capacity test spares the call otherwise)
+            if pos >= len(req.lease.blocks) * cfg.block_size and not self._grow_or_preempt(req, pos + 1, preempted):
                 continue
             rows.append(ScheduledRow(req, pos, [req.token_at(pos)], req.lease.num_cached_tokens, None))
 
@@ -174,11 +175,13 @@ class Scheduler:
             req = self.waiting[0]
             if req in preempted:
                 break
-            if budget < cfg.block_size and budget < len(req.all_token_ids):
+            if budget < cfg.block_size and budget < req.num_tokens and any(r.plan is not None for r in rows):
                 # A sliver left by block-floored chunks (514 - 512 = 2 tokens at budget 512 with
                 # two slots) would admit this request now and match its prefix against a cache
                 # that the chunks of this very tick have not published yet, so it would recompute
-                # a prefix those chunks are about to publish. Admit it next tick.
+                # a prefix those chunks are about to publish. Admit it next tick. A tick without
+                # a chunk has nothing unpublished: a whole tick budget under a block (prefill
+                # budget 256 under vLLM's 528-token block) admits there, or never.
                 break
             plan, restore = self._admit(req, budget)
             if plan is None:
@@ -255,11 +258,12 @@ class Scheduler:
         Returns the requests that finished this tick (their blocks and slots are released).
         """
         finished = []
+        bs = self.config.block_size
         for row in output.rows:
             req = row.request
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted later in the same tick
-            if row.is_decode:
+            if row.plan is None:  # a decode row
                 req.lease.advance(1)
                 req.metrics.decode_tokens += 1
             else:
@@ -268,10 +272,12 @@ class Scheduler:
                     req.prefill = None
             token = sampled.get(req.request_id)
             if req.prefill is None:
-                require(token is not None, "sampled", f"no token for request {req.request_id!r}, which produced logits")
+                if token is None:
+                    require(False, "sampled", f"no token for request {req.request_id!r}, which produced logits")
                 req.output_token_ids.append(int(token))
-            if req.num_tokens // self.config.block_size > len(req.block_hashes):  # a new full block
-                extend_block_hashes(req.block_hashes, req.all_token_ids, self.config.block_size)
+            full, known = req.num_tokens // bs, len(req.block_hashes)
+            if full > known:  # a new full block
+                append_block_hashes(req.block_hashes, req.tokens(known * bs, full * bs), bs)
             self.kv.publish(req.lease, req.block_hashes)
             if req.prefill is None and self._is_done(req):
                 self._finish(req)

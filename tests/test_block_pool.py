@@ -5,8 +5,24 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from planner.block_pool import BlockPool, hash_block, hash_full_blocks
-from planner.block_pool import extend_block_hashes
+from planner.block_pool import append_block_hashes, extend_block_hashes
 from planner.prefix_cache import KVLease, PrefixCache
+
+
+@pytest.mark.parametrize("prompt_len,out_len", [(7, 0), (16, 5), (20, 13), (3, 30)])
+def test_decode_block_hashes_from_a_token_slice_equal_the_whole_sequence(prompt_len, out_len):
+    from planner.request import Request
+
+    req = Request("r", list(range(100, 100 + prompt_len)), max_new_tokens=40)
+    req.output_token_ids = list(range(900, 900 + out_len))
+    whole = req.all_token_ids
+    for a, b in ((0, len(whole)), (2, prompt_len), (prompt_len, len(whole)), (max(prompt_len - 2, 0), len(whole) - 1)):
+        assert req.tokens(a, b) == whole[a:b], (a, b)
+    bs = 4
+    hashes = hash_full_blocks(req.prompt_token_ids, bs)
+    known = len(hashes)
+    append_block_hashes(hashes, req.tokens(known * bs, len(whole) // bs * bs + 3), bs)  # a partial block is ignored
+    assert hashes == hash_full_blocks(whole, bs) and len(hashes) == len(whole) // bs
 
 
 def test_allocate_exact_ids_and_shortage():

@@ -260,6 +260,20 @@ def test_a_budget_sliver_does_not_admit_a_request_before_its_shared_prefix_is_pu
     assert [(r.request.request_id, r.num_tokens) for r in out.rows] == [("a", 12), ("c", 1)]
 
 
+@pytest.mark.parametrize("policy", ["aligned", "vllm-align"])
+def test_a_tick_budget_under_one_block_still_admits(policy):
+    # Tick budget 8 + 2 = 10 under the 32-token block (vLLM's 528-token block with budget 256 at
+    # Bamba-9B): the sliver rule must not hold a request back from a tick that runs no chunk.
+    eng = make_engine(block_size=32, prefill_budget=8, max_batch_size=2, num_kv_blocks=64, policy=policy)
+    system = prompt(64, 3)
+    a = eng.add_request(system + prompt(36, 4), 2, "a")
+    b = eng.add_request(system + prompt(36, 5), 2, "b")
+    eng.run_until_done(max_ticks=200)
+    assert a.is_finished and b.is_finished
+    assert a.metrics.chunk_ends[0] == 10 and a.metrics.chunk_ends[-1] == 100  # a whole tick budget, then 9 a tick
+    assert b.metrics.kv_match_tokens == 64  # admitted after a's chunks: its shared blocks are published
+
+
 @pytest.mark.parametrize("decode_snapshots,restore", [(False, 24), (True, 36)])
 def test_decode_snapshot_lets_the_next_turn_skip_the_previous_reply(decode_snapshots, restore):
     cfg = SchedulerConfig(block_size=4, prefill_budget=64, max_batch_size=1, num_kv_blocks=64, policy="aligned")

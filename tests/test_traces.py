@@ -240,7 +240,7 @@ def test_ray_sweep_on_two_cpus_matches_the_shards(tmp_path):
 
 
 def test_budgeted_optimum_follows_the_future(tmp_path):
-    """Under a budget the optimum evicts by next use (Belady's MIN): on a slice it restores at
+    """Under a budget the optimum evicts by next use (Belady's MIN): on a slice it restores
     more tokens than the same captures under LRU, and no policy restores more."""
     from experiments.traces.oracle import optimum_marks, optimum_matches, optimum_uses
     from planner.eviction import NextUseEviction
@@ -260,3 +260,16 @@ def test_budgeted_optimum_follows_the_future(tmp_path):
     for name in ("ours-plus", "marconi", "trtllm", "vllm-junction"):
         assert future["ssm_hit_tokens"] >= simulate(requests, SimConfig(name, **cfg))["metrics"]["ssm_hit_tokens"], name
     assert NextUseEviction(uses).next_use(next(iter(uses))) == min(next(iter(uses.values())))
+
+
+def test_command_runs_the_synthetic_chat_sessions(tmp_path):
+    from experiments.traces.__main__ import main
+
+    out = tmp_path / "out"
+    assert main(["--trace", "synthetic", "--policies", "aligned,ours-plus", "--limit", "30", "--kv-pool-gb", "1",
+                 "--out", str(out), "--no-plots"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["trace"] == "synthetic" and s["reading"] == "chains" and s["requests"] == 30
+    ours, aligned = s["policies"]["ours-plus"], s["policies"]["aligned"]
+    # next turns share their history: the KV hits; ours-plus keeps the decode state a next turn restores
+    assert ours["kv_hit_tokens"] > 0 and ours["ssm_hit_tokens"] > aligned["ssm_hit_tokens"]

@@ -306,6 +306,47 @@ def test_open_workload_names_and_readings():
         open_workload("sharegpt", "as-given")
 
 
+# ------------------------------------------------------------------------------------------ synthetic
+SMALL_CHAT = dict(sessions=8, system_min=40, system_max=80, turns_min=2, turns_max=4, user_median=12.0, user_min=4,
+                  user_max=40, reply_min=3, reply_max=9, open_sessions=3, branch_fraction=0.3,
+                  regenerate_fraction=0.3, seed=3)
+
+
+def test_synthetic_source_is_the_multiturn_schedule_with_fixed_replies():
+    from experiments.multiturn.workload import ReplyOf, SyntheticSessions, WorkloadConfig
+
+    src = open_workload("synthetic", request_gap_s=1.5, **SMALL_CHAT)
+    reqs = list(src.requests())
+    schedule = list(SyntheticSessions(WorkloadConfig(**SMALL_CHAT), VOCAB).requests())
+    assert len(reqs) == len(schedule) and [r.output_len for r in reqs] == [s.max_new_tokens for s in schedule]
+    assert [r.arrival_s for r in reqs[:3]] == [0.0, 1.5, 3.0] and [r.session for r in reqs] == [s.session for s in schedule]
+    # every request whose prompt holds an earlier reply continues one (a regenerated first turn does not)
+    assert check_workload(reqs) == sum(any(isinstance(g, ReplyOf) for g in s.segments) for s in schedule) > 0
+    kinds = {s.kind for s in schedule}
+    assert {"next_turn", "branch_start", "regenerate"} <= kinds, kinds  # the seed draws every kind
+    for r, s in zip(reqs, schedule):
+        if s.kind == "regenerate":  # the original's prompt and parent, its own reply
+            orig = reqs[r.index - 1]
+            assert r.parent == orig.parent and np.array_equal(r.load_prompt(), orig.load_prompt())
+            assert not np.array_equal(r.load_reply(), orig.load_reply()) or r.output_len < 2
+        if s.kind in ("next_turn", "branch_start"):  # parent prompt + parent reply + the new user message
+            parent = reqs[r.parent]
+            head = np.concatenate([parent.load_prompt(), parent.load_reply()])
+            assert np.array_equal(r.load_prompt(), np.concatenate([head, s.segments[-1]]))
+            assert schedule[r.parent].copy == 0
+    again = list(open_workload("synthetic", request_gap_s=1.5, **SMALL_CHAT).requests(limit=5))
+    assert len(again) == 5 and all(np.array_equal(a.load_prompt(), b.load_prompt()) for a, b in zip(again, reqs))
+
+
+def test_synthetic_source_bad_options():
+    with pytest.raises(ValueError, match="synthetic has one reading"):
+        open_workload("synthetic", "as-given")
+    with pytest.raises(ValueError, match="sesions: not a field"):
+        open_workload("synthetic", sesions=3)
+    with pytest.raises(ValueError, match="request_gap_s: must be > 0"):
+        open_workload("synthetic", request_gap_s=0)
+
+
 # ----------------------------------------------------------------------------- reuse bound and CLI
 def fixed(index, prompt, reply, parent=None):
     return WorkloadRequest(index=index, arrival_s=float(index), prompt_len=len(prompt), output_len=len(reply),

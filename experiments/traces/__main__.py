@@ -20,7 +20,7 @@ from experiments.results_io import environment, log, write_json, write_text
 from experiments.traces.cost import SHAPES, ShapeCost
 from experiments.traces.goals import check as check_goals, markdown as goal_table
 from experiments.traces.sweep import NAME, load_requests, points_for, run_on_ray, run_points, summarize, write_ttfts
-from experiments.workloads import READINGS, WORKLOADS
+from experiments.workloads import READINGS, WORKLOADS, default_reading
 from planner.placements import PLACEMENT_SETTINGS
 
 
@@ -48,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace-file", type=Path, default=None,
                     help="a Mooncake-format .jsonl(.gz) read instead of the vendored file of a mooncake trace")
     ap.add_argument("--reading", type=name_list(READINGS), default=None,
-                    help="comma-separated readings (Mooncake: as-given, chains; default as-given; sharegpt: chains)")
+                    help="comma-separated readings (Mooncake: as-given, chains; default as-given; sharegpt, "
+                         "synthetic: chains)")
     ap.add_argument("--policies", type=name_list(sorted(PLACEMENT_SETTINGS)), required=True,
                     help=f"comma-separated placement policies, of {', '.join(sorted(PLACEMENT_SETTINGS))}")
     ap.add_argument("--budget-gb", type=budget_list, default=[None],
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--kv-pool-gb and --time-scale must be > 0")
     if args.trace_file is not None and not args.trace.startswith("mooncake"):
         ap.error("--trace-file: only for the mooncake traces")
-    readings = args.reading or (["chains"] if args.trace == "sharegpt" else ["as-given"])
+    readings = args.reading or [default_reading(args.trace)]
     points = points_for(args.trace, readings, args.policies, args.budget_gb)
     config = {"trace": args.trace, "shape": args.shape, "limit": args.limit, "prefill_budget": args.prefill_budget,
               "max_batch_size": args.max_batch_size, "kv_pool_gb": args.kv_pool_gb, "time_scale": args.time_scale,

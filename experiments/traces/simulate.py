@@ -106,13 +106,16 @@ def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict
     engine: Engine | None = None
 
     def next_tokens(rows) -> list[int | None]:
-        by_slot = {req.slot: req for req in engine.scheduler.running}
+        by_slot = {req.slot: req.request_id for req in engine.scheduler.running}
         out = []
-        for row in rows:
-            req = by_slot.get(row.state_slot)
-            reply = replies.get(req.request_id) if req is not None else None
-            i = row.start_pos + row.num_tokens - prompt_lens[req.request_id] if reply is not None else -1
-            out.append(reply[i] if 0 <= i < len(reply or ()) else None)
+        for row in rows:  # a decode row's hot path: plain dict and list lookups
+            rid = by_slot.get(row.state_slot)
+            reply = replies.get(rid) if rid is not None else None
+            if reply is None:
+                out.append(None)
+                continue
+            i = row.start_pos + row.token_ids.numel() - prompt_lens[rid]
+            out.append(reply[i] if 0 <= i < len(reply) else None)
         return out
 
     runner = SimulatedRunner(inner, cost, clock, next_tokens)

@@ -19,13 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.workloads", description=__doc__.split("\n")[0])
     ap.add_argument("--trace", required=True, choices=WORKLOADS, help="the workload source")
     ap.add_argument("--reading", choices=READINGS, default=None,
-                    help="Mooncake: as-given (default) or chains; sharegpt: chains only (the default)")
+                    help="Mooncake: as-given (default) or chains; sharegpt, synthetic: chains only (the default)")
     ap.add_argument("--limit", type=int, default=None, help="the first N requests in arrival order (default: all)")
     ap.add_argument("--vocab-size", type=int, default=None,
                     help=f"token id range; Mooncake default {DEFAULT_VOCAB}, sharegpt default: Qwen's ids unfolded")
     ap.add_argument("--conversation-rate", type=float, default=1.0, help="sharegpt: conversations started per second")
     ap.add_argument("--turn-gap-s", type=float, default=20.0, help="sharegpt: seconds between a conversation's requests")
-    ap.add_argument("--seed", type=int, default=0, help="sharegpt: seed of the conversation arrivals")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="sharegpt: seed of the conversation arrivals; synthetic: seed of the sessions")
     ap.add_argument("--out", type=Path, default=None, help="write workload_<trace>_<reading>.json into this folder")
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 0:
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         options["vocab_size"] = args.vocab_size
     if args.trace == "sharegpt":
         options.update(conversation_rate=args.conversation_rate, turn_gap_s=args.turn_gap_s, seed=args.seed)
+    if args.trace == "synthetic":
+        options["seed"] = args.seed
     try:
         source = open_workload(args.trace, reading, **options)
         summary = summarize(source, args.limit)

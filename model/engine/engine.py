@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from array import array
 from typing import Any, Callable, Sequence
 
 import torch
@@ -83,11 +84,28 @@ class EngineConfig:
         return cls(scheduler, **{k: v for k, v in settings.items() if k in engine_fields})
 
 
-def to_chunk(row: ScheduledRow, capture_offsets: tuple[int, ...] = ()) -> SequenceChunk:
-    """The one conversion from the scheduler's row to the model's row (what every runner takes)."""
-    return SequenceChunk(token_ids=torch.tensor(row.token_ids, dtype=torch.long), start_pos=row.start_pos,
+def to_chunk(row: ScheduledRow, capture_offsets: tuple[int, ...] = (),
+             token_ids: torch.Tensor | None = None) -> SequenceChunk:
+    """The one conversion from the scheduler's row to the model's row (what every runner takes).
+
+    `token_ids`: the row's tokens as a tensor already (`to_chunks` passes views of one tensor)."""
+    if token_ids is None:
+        token_ids = torch.tensor(row.token_ids, dtype=torch.long)
+    return SequenceChunk(token_ids=token_ids, start_pos=row.start_pos,
                          block_table=row.request.lease.block_ids, state_slot=row.request.slot,
                          kv_cached_len=row.kv_cached_len, capture_offsets=tuple(capture_offsets))
+
+
+def to_chunks(rows: Sequence[ScheduledRow], capture_mode: str) -> list[SequenceChunk]:
+    """Every row of a tick as a chunk, with the captures its plan asks for in `capture_mode`.
+
+    The tokens become one tensor, split into per-row views: a tensor per one-token decode row
+    cost 12 us on the 2-core CPU machine, a view 3 us (the trace simulator runs 4 million)."""
+    # array -> frombuffer: a third of torch.tensor(list)'s time for an 8192-token chunk
+    tokens = torch.frombuffer(array("q", itertools.chain.from_iterable(row.token_ids for row in rows)), dtype=torch.long)
+    views = tokens.split([len(row.token_ids) for row in rows])
+    return [to_chunk(row, () if row.is_decode or capture_mode == "none" else row.plan.capture_offsets, ids)
+            for row, ids in zip(rows, views)]
 
 
 class Engine:
@@ -187,7 +205,7 @@ class Engine:
     def _run(self, rows: list[ScheduledRow]) -> BatchOutput:
         """Run the tick's rows in the configured capture mode; per row its logits and captures."""
         mode = self.config.capture_mode
-        chunks = [to_chunk(row, () if row.is_decode or mode == "none" else row.plan.capture_offsets) for row in rows]
+        chunks = to_chunks(rows, mode)
         for row, chunk in zip(rows, chunks):
             if not row.is_decode:
                 row.request.metrics.prefill_passes += 1 + (len(chunk.capture_offsets) if mode == "two_pass" else 0)
