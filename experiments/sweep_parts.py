@@ -65,20 +65,30 @@ class PointFailed(AssertionError):
 
 
 def run_shard(out: Path, name: str, points: Sequence[dict], config: dict, spec: tuple[int, int],
-              measure: Callable[[int, dict], list[dict]], tag: Callable[[dict], dict], device: str = "cpu") -> dict:
+              measure: Callable[[int, dict], list[dict]], tag: Callable[[dict], dict], device: str = "cpu",
+              resume: bool = False) -> dict:
     """Measure the points of shard `spec` (index % n == i) with `measure(index, point) -> rows`.
 
     Stale parts of this sweep (another split or definition) are removed first; the part is
     rewritten after every point, so a killed shard keeps what it finished. A `PointFailed` is
-    logged and recorded as `{"point": index, **tag(point), "error": ...}`. Returns the part."""
+    logged and recorded as `{"point": index, **tag(point), "error": ...}`. `resume`: keep the
+    rows of this shard's part of the same definition and measure only the points it lacks (a
+    killed shard restarted; without it a rerun measures everything again). Returns the part."""
     fp = fingerprint(points, config)
     for stale in clear_stale_parts(out, name, spec, fp):
         log(f"removed stale part {stale}")
     # the 1-minute load average beside the timings: other jobs on the same cores inflate them
     env = environment(device) | {"loadavg_1m_start": os.getloadavg()[0]}
     rows, done, failed = [], [], []
+    path = part_path(out, name, spec)
+    if resume and path.exists():  # clear_stale_parts kept it: same split, same definition
+        part = json.loads(path.read_text())
+        rows, done = part["rows"], part["done"]
+        log(f"resuming {path}: {len(done)} points kept")
     t0 = time.perf_counter()
     for idx, p in shard(list(enumerate(points)), spec):
+        if idx in done:
+            continue
         try:
             new = measure(idx, p)
         except PointFailed as e:

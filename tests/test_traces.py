@@ -273,3 +273,28 @@ def test_command_runs_the_synthetic_chat_sessions(tmp_path):
     ours, aligned = s["policies"]["ours-plus"], s["policies"]["aligned"]
     # next turns share their history: the KV hits; ours-plus keeps the decode state a next turn restores
     assert ours["kv_hit_tokens"] > 0 and ours["ssm_hit_tokens"] > aligned["ssm_hit_tokens"]
+
+
+def test_a_killed_shard_resumes_with_the_points_it_finished(tmp_path):
+    from experiments import sweep_parts
+
+    points = [{"x": i} for i in range(5)]
+    measured = []
+
+    def measure(i, p):
+        if i == 3 and not measured[-1:] == ["resumed"]:
+            raise KeyboardInterrupt  # the kill, after points 0..2 were written
+        measured.append(i)
+        return [{"point": i, "row": 0, "y": p["x"] * 10}]
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep_parts.run_shard(tmp_path, "s", points, {"c": 1}, (0, 1), measure, tag=dict)
+    assert measured == [0, 1, 2]
+    measured.append("resumed")
+    part = sweep_parts.run_shard(tmp_path, "s", points, {"c": 1}, (0, 1), measure, tag=dict, resume=True)
+    assert measured == [0, 1, 2, "resumed", 3, 4] and part["done"] == [0, 1, 2, 3, 4]
+    assert [r["y"] for r in part["rows"]] == [0, 10, 20, 30, 40]
+    measured.clear()
+    sweep_parts.run_shard(tmp_path, "s", points, {"c": 2}, (0, 1), lambda i, p: measured.append(i) or [], tag=dict,
+                          resume=True)
+    assert measured == [0, 1, 2, 3, 4]  # another definition: its part is stale, nothing is kept

@@ -63,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, required=True, help="folder for summary.json, rows, plots")
     ap.add_argument("--shard", type=shard_spec, default=None, help="run points whose index %% n == i (i/n)")
     ap.add_argument("--merge", action="store_true", help="only combine the parts in --out and write the summary")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the points a killed run of the same sweep and shard wrote to its part; run the rest")
     ap.add_argument("--ray", action="store_true", help="run the points as Ray tasks (optional extra 'sweeps')")
     ap.add_argument("--ray-address", default=None, help="a Ray cluster's address (default: a local ray.init())")
     ap.add_argument("--ray-tasks", type=int, default=None, help="Ray tasks = shards (default: one per point)")
@@ -79,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     for flag, v in (("--prefill-budget", args.prefill_budget), ("--max-batch-size", args.max_batch_size)):
         if v < 1:
             ap.error(f"{flag}: must be >= 1, got {v}")
-    if args.ray and args.shard is not None:
-        ap.error("--ray and --shard: choose one")
+    if args.ray and (args.shard is not None or args.resume):
+        ap.error("--ray and --shard / --resume: choose one")
     if args.ray_tasks is not None and args.ray_tasks < 1:
         ap.error(f"--ray-tasks: must be >= 1, got {args.ray_tasks}")
     if not (args.kv_pool_gb > 0 and args.time_scale > 0):
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{len(points)} points as {tasks} Ray tasks ({args.ray_address or 'local ray.init()'})")
             run_on_ray(args.out, points, config, tasks, args.ray_address, args.ray_cpus)
         else:
-            run_points(args.out, points, config, args.shard or (0, 1))
+            run_points(args.out, points, config, args.shard or (0, 1), resume=args.resume)
             if args.shard is not None:
                 return 0
     sweep_parts.merge(args.out, NAME)

@@ -63,8 +63,9 @@ def measure_point(point: dict, config: dict) -> dict:
     return {**point, **out["metrics"], "ttft_s": [round(r.ttft_s, 6) for r in out["records"]]}
 
 
-def run_points(out: Path, points: list[dict], config: dict, spec: tuple[int, int]) -> dict:
-    """Measure shard `spec` of the points and write its part (`sweep_parts.run_shard`)."""
+def run_points(out: Path, points: list[dict], config: dict, spec: tuple[int, int], resume: bool = False) -> dict:
+    """Measure shard `spec` of the points and write its part (`sweep_parts.run_shard`; `resume`:
+    keep the points a killed run of this shard finished)."""
     from experiments import sweep_parts
     from experiments.results_io import log
 
@@ -75,7 +76,7 @@ def run_points(out: Path, points: list[dict], config: dict, spec: tuple[int, int
             f"in {row['wall_s']:.0f} s")
         return [{"point": i, "row": 0, **row}]
 
-    return sweep_parts.run_shard(Path(out), NAME, points, config, spec, measure, tag=lambda p: dict(p))
+    return sweep_parts.run_shard(Path(out), NAME, points, config, spec, measure, tag=lambda p: dict(p), resume=resume)
 
 
 def run_on_ray(out: Path, points: list[dict], config: dict, tasks: int, address: str | None = None,
