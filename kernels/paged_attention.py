@@ -485,16 +485,6 @@ def choose_launches(
     return config, DecodePart(first, first_token, part)
 
 
-def _workspace_for(config: LaunchConfig | None, part: DecodePart | None, meta: PagedAttentionMeta,
-                   num_q_heads: int, head_dim: int, device) -> SplitWorkspace | None:
-    probe = PagedAttentionPlan(meta, 1.0, config, decode_part=part)
-    split = probe.split_launch()
-    if split is None:
-        return None
-    cfg, rows = split
-    return allocate_split_workspace(rows, num_q_heads, cfg.num_splits, head_dim, device)
-
-
 def plan(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -544,8 +534,13 @@ def plan_from_host(
     device = torch.device(device)
     config, part = choose_launches(meta, dtype, head_dim, num_q_heads // num_kv_heads, num_kv_heads=num_kv_heads,
                                    sm_count=_sm_count(device), num_splits=num_splits)
-    workspace = _workspace_for(config, part, meta, num_q_heads, head_dim, device)
-    return PagedAttentionPlan(meta, scale, config, decode_part=part, workspace=workspace)
+    plan = PagedAttentionPlan(meta, scale, config, decode_part=part)
+    split = plan.split_launch()
+    if split is None:
+        return plan
+    split_config, rows = split
+    return dataclasses.replace(plan, workspace=allocate_split_workspace(rows, num_q_heads, split_config.num_splits,
+                                                                        head_dim, device))
 
 
 def plan_decode_bucket(

@@ -152,7 +152,7 @@ class Scheduler:
                 continue
             pos = req.lease.num_computed_tokens
             # (a new block once per block_size tokens: the capacity test spares the call otherwise)
-            if pos >= len(req.lease.blocks) * cfg.block_size and not self._grow_or_preempt(req, pos + 1, preempted):
+            if pos >= req.lease.capacity and not self._grow_or_preempt(req, pos + 1, preempted):
                 continue
             rows.append(ScheduledRow(req, pos, [req.token_at(pos)], req.lease.num_cached_tokens, None))
 
@@ -263,7 +263,7 @@ class Scheduler:
             req = row.request
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted later in the same tick
-            if row.plan is None:  # a decode row
+            if row.is_decode:
                 req.lease.advance(1)
                 req.metrics.decode_tokens += 1
             else:
