@@ -164,8 +164,9 @@ class ChunkPolicy:
     A mark strictly inside a chunk either stops the chunk there (`mark_mode="stop"`: one more
     forward, the state saved at the chunk end) or is captured inside the same scan launch
     (`"capture"`). `speculative_marks` are marks no request has asked for yet (a grid, say):
-    planned like the others, but their snapshots only go into free snapshot memory, never
-    evicting one (`SnapshotStore.save(speculative=True)`). `source` names where the rules come from.
+    planned like the others, but their snapshots go into free snapshot memory only, unless the
+    eviction policy's `admits` judges them worth an eviction (`SnapshotStore.save(speculative=True)`).
+    `source` names where the rules come from.
     """
 
     name: str

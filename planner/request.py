@@ -63,7 +63,9 @@ class Request:
     # Positions this request's prefill must leave a snapshot at besides its policy's (an offline
     # driver that knows which prefixes later requests will match sets them).
     snapshot_marks: tuple[int, ...] = ()
-    # The policy's speculative marks at admission: saved only into free snapshot memory.
+    # The policy's own marks at admission (a junction, say), and its speculative marks: saved only
+    # into free snapshot memory unless the eviction policy admits them.
+    marked_positions: frozenset[int] = frozenset()
     speculative_positions: frozenset[int] = frozenset()
     metrics: RequestMetrics = dataclasses.field(default_factory=RequestMetrics)
 

@@ -210,8 +210,8 @@ class Scheduler:
         else:
             lease.num_computed_tokens = lease.num_cached_tokens
         start, total = lease.num_computed_tokens, len(tokens)
-        marks = {m for m in (*self.policy.marks(lease.num_cached_tokens, start, total, self.context),
-                             *req.snapshot_marks) if start < m < total}
+        own = {m for m in self.policy.marks(lease.num_cached_tokens, start, total, self.context) if start < m < total}
+        marks = own | {m for m in req.snapshot_marks if start < m < total}
         speculative = {m for m in self.policy.speculative_marks(lease.num_cached_tokens, start, total, self.context)
                        if start < m < total} - marks
         prefill = PrefillState(tokens, lease, tuple(sorted(marks | speculative)))
@@ -222,7 +222,7 @@ class Scheduler:
         if restore is not None:
             self.snapshots.mark_restored(restore)
         req.lease, req.prefill, req.status = lease, prefill, RequestStatus.RUNNING
-        req.speculative_positions = frozenset(speculative)
+        req.marked_positions, req.speculative_positions = frozenset(own), frozenset(speculative)
         req.slot = self.free_slots.pop()
         m = req.metrics
         m.kv_match_tokens = lease.num_cached_tokens

@@ -34,10 +34,18 @@ class Snapshot:
     last_used: int = 0  # logical clock of the last save or restore
     hits: int = 0
     flops_saved: float = 0.0  # recompute this snapshot spares a hit (read by FLOP-aware eviction)
+    origin: str = "chunk"  # why it was saved (`ORIGINS`), read by eviction that learns per origin
 
     @property
     def key(self) -> tuple[BlockHash | None, tuple[int, ...]]:
         return (self.anchor, self.tail)
+
+
+# Why a snapshot was saved: a chunk end or last-chunk capture of the policy's plan, an admission
+# mark of the policy (a junction, a periodic or tail position), a speculative mark (free memory
+# only, unless the eviction's `admits` decides), a finished request's decode-time state, or an
+# offline driver's mark.
+ORIGINS = ("chunk", "mark", "speculative", "decode", "oracle")
 
 
 class EvictionPolicy(Protocol):
@@ -46,8 +54,10 @@ class EvictionPolicy(Protocol):
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
         """The snapshot to drop next; `snapshots` is in least-recently-used-first order."""
 
-    # Optional: `admits(key, snapshots) -> bool`, asked only when a new snapshot needs an eviction
-    # to fit: False keeps what is held and drops the new one (counted as `declined`).
+    # Optional: `admits(candidate, snapshots) -> bool`, asked only when a new snapshot needs an
+    # eviction to fit (speculative ones included): False keeps what is held and drops the new one
+    # (counted as `declined`). Without it a speculative snapshot is declined when memory is full.
+    # Optional observers: `saved(snap)`, `restored(snap)`, `evicted(snap)`, called after the fact.
 
 
 class LRUEviction:
@@ -71,6 +81,13 @@ class SnapshotStats:
     rejected: int = 0  # larger than the whole budget
     declined: int = 0  # speculative with no free memory, or the policy keeps what it holds (`admits`)
     duplicates: int = 0  # a save for a prefix already held (refreshed, not stored twice)
+    saved_by_origin: dict[str, int] = dataclasses.field(default_factory=dict)
+    restored_by_origin: dict[str, int] = dataclasses.field(default_factory=dict)
+    restored_tokens_by_origin: dict[str, int] = dataclasses.field(default_factory=dict)  # restore positions summed
+
+
+def _count(counts: dict[str, int], key: str, n: int) -> None:
+    counts[key] = counts.get(key, 0) + n
 
 
 class SnapshotStore:
@@ -102,10 +119,15 @@ class SnapshotStore:
         return anchor, tuple(token_ids[full * self.block_size : position])
 
     def save(self, token_ids: Sequence[int], position: int, state: Any, block_hashes: Sequence[BlockHash],
-             flops_saved: float = 0.0, speculative: bool = False) -> bool:
-        """Store the state after `token_ids[:position]`; False when it cannot fit the budget, or
-        when it is `speculative` (no request asked for it) and would need an eviction to fit."""
+             flops_saved: float = 0.0, speculative: bool = False, origin: str | None = None) -> bool:
+        """Store the state after `token_ids[:position]`; False when it cannot fit the budget, when
+        the eviction policy's `admits` keeps what it holds instead, or when it is `speculative` (no
+        request asked for it), would need an eviction to fit, and the policy has no `admits`.
+        `origin` (one of `ORIGINS`; default "speculative" if speculative, else "chunk") is stamped
+        on the snapshot."""
         require(0 < position <= len(token_ids), "position", f"must be in [1, {len(token_ids)}], got {position}")
+        origin = origin or ("speculative" if speculative else "chunk")
+        require(origin in ORIGINS, "origin", f"must be one of {ORIGINS}, got {origin!r}")
         anchor, tail = self._key_parts(token_ids, position, block_hashes)
         now = next(self._clock)
         existing = self._by_anchor.get(anchor, {}).get(tail)
@@ -118,20 +140,27 @@ class SnapshotStore:
         if self.byte_budget is not None and nbytes > self.byte_budget:
             self.stats.rejected += 1
             return False
+        snap = Snapshot(position, anchor, tail, state, nbytes, last_used=now, flops_saved=flops_saved, origin=origin)
         full = self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget
         admits = getattr(self.eviction, "admits", None)
-        if full and (speculative or admits is not None and not admits((anchor, tail), list(self._lru.values()))):
+        if full and (not admits(snap, list(self._lru.values())) if admits is not None else speculative):
             self.stats.declined += 1
             return False
         while self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget:
             self._evict(self.eviction.choose_victim(list(self._lru.values()), now))
-        snap = Snapshot(position, anchor, tail, state, nbytes, last_used=now, flops_saved=flops_saved)
         self._lru[(anchor, tail)] = snap
         self._by_anchor.setdefault(anchor, {})[tail] = snap
         self.bytes_held += nbytes
         self.stats.saved += 1
         self.stats.saved_bytes += nbytes
+        _count(self.stats.saved_by_origin, origin, 1)
+        self._tell("saved", snap)
         return True
+
+    def _tell(self, event: str, snap: Snapshot) -> None:
+        observer = getattr(self.eviction, event, None)
+        if observer is not None:
+            observer(snap)
 
     def _evict(self, snap: Snapshot) -> None:
         del self._lru[snap.key]
@@ -142,6 +171,7 @@ class SnapshotStore:
         self.bytes_held -= snap.nbytes
         self.stats.evicted += 1
         self.stats.evicted_bytes += snap.nbytes
+        self._tell("evicted", snap)
 
     def lookup(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash]) -> Snapshot | None:
         """The deepest snapshot at a position <= `max_position` whose prefix is `token_ids`'s prefix.
@@ -171,6 +201,9 @@ class SnapshotStore:
         self._lru.move_to_end(snap.key)
         self.stats.restored += 1
         self.stats.restored_bytes += snap.nbytes
+        _count(self.stats.restored_by_origin, snap.origin, 1)
+        _count(self.stats.restored_tokens_by_origin, snap.origin, snap.position)
+        self._tell("restored", snap)
 
     def clear(self) -> None:
         """Drop every snapshot (counted as evictions)."""

@@ -1,4 +1,4 @@
-"""FLOP-aware eviction: exact victim order on tiny stores, and the prefill FLOP model."""
+"""FLOP-aware, next-use and learned-value eviction: exact victim order on tiny stores, and the prefill FLOP model."""
 
 import dataclasses
 import math
@@ -12,8 +12,8 @@ from model.engine import Engine, EngineConfig
 from model.hybrid import HybridLM
 from model.engine import PlaceholderRunner
 from planner.block_pool import hash_full_blocks
-from planner.eviction import (EVICTION_POLICIES, FlopAwareEviction, NextUseEviction, PrefillFlops, get_eviction,
-                              prefill_flops)
+from planner.eviction import (EVICTION_POLICIES, FlopAwareEviction, LearnedValueEviction, NextUseEviction,
+                              PrefillFlops, get_eviction, prefill_flops)
 from planner.scheduler import SchedulerConfig
 from planner.snapshot_store import LRUEviction, SnapshotStore
 
@@ -38,8 +38,8 @@ class Recording:
 TOKENS = list(range(64))
 
 
-def save(store, pos, flops, nbytes=100):
-    return store.save(TOKENS, pos, Blob(nbytes), hash_full_blocks(TOKENS, store.block_size), flops_saved=flops)
+def save(store, pos, flops, nbytes=100, **kw):
+    return store.save(TOKENS, pos, Blob(nbytes), hash_full_blocks(TOKENS, store.block_size), flops_saved=flops, **kw)
 
 
 def restore(store, pos):
@@ -164,7 +164,7 @@ def test_bad_arguments():
 
 
 def test_eviction_policies_by_name():
-    assert sorted(EVICTION_POLICIES) == ["flop_aware", "lru"]
+    assert sorted(EVICTION_POLICIES) == ["flop_aware", "learned_value", "lru"]
     assert all(EVICTION_POLICIES[name].name == name for name in EVICTION_POLICIES)
     assert isinstance(get_eviction("lru"), LRUEviction)
     tuned = get_eviction("flop_aware", alpha=0.5)
@@ -172,7 +172,7 @@ def test_eviction_policies_by_name():
     assert get_eviction("flop_aware") is not get_eviction("flop_aware")  # a fresh policy each time
     policy = FlopAwareEviction()
     assert get_eviction(policy) is policy
-    with pytest.raises(ValueError, match=r"^eviction: must be one of \['flop_aware', 'lru'\], got 'fifo'"):
+    with pytest.raises(ValueError, match=r"^eviction: must be one of \['flop_aware', 'learned_value', 'lru'\], got 'fifo'"):
         get_eviction("fifo")
     with pytest.raises(ValueError, match="^alpha: not a parameter of eviction policy 'lru'"):
         get_eviction("lru", alpha=1.0)
@@ -222,3 +222,64 @@ def test_engine_stamps_flops_saved_on_every_snapshot():
     assert [s.position for s in snaps] == req.metrics.snapshot_positions == [8, 16, 24]  # 24: the tail split point
     assert [s.flops_saved for s in snaps] == [flops(p) for p in (8, 16, 24)] == [2 * 10 * p + 2 * 2 * p * (p + 1) for p in (8, 16, 24)]
     assert engine.snapshots.eviction.name == "flop_aware"
+
+
+# ---------------------------------------------------------------- learned value
+def test_learned_value_prior_and_learning_per_origin_and_restore_count():
+    lv = LearnedValueEviction(prior_hits=1, prior_misses=9)
+    assert lv.probability("decode", 0) == pytest.approx(0.1)  # the prior alone
+    store = SnapshotStore(block_size=4, byte_budget=200, eviction=lv)
+    save(store, 4, 1000.0, origin="decode")
+    restore(store, 4)  # a decode state with 0 restores was restored again: 1 success at level 0
+    assert lv.probability("decode", 0) == pytest.approx(2 / 11)
+    assert lv.probability("mark", 0) == pytest.approx(0.1)  # other origins keep the prior
+    save(store, 8, 1.0, origin="chunk")
+    assert not save(store, 12, 1.0, origin="chunk")  # full, and no better than the lowest held: declined
+    assert save(store, 12, 2.0, origin="chunk")  # better: 8 goes, evicted with 0 restores
+    assert store.positions() == [4, 12] and lv.probability("chunk", 0) == pytest.approx(1 / 11)
+    for _ in range(5):
+        restore(store, 4)
+    assert lv.probability("decode", 3) == pytest.approx((3 + 1) / (3 + 10))  # levels 3, 4, 5 share the 3+ bucket
+
+
+def test_learned_value_victims_admission_and_inflation():
+    # budget 3 x 100 bytes; credit = inflation + p(origin, restores) * flops / 100
+    lv = LearnedValueEviction(prior_hits=1, prior_misses=9)
+    rec = Recording(lv)
+    rec.admits, rec.saved, rec.restored, rec.evicted = lv.admits, lv.saved, lv.restored, lv.evicted
+    store = SnapshotStore(block_size=4, byte_budget=300, eviction=rec)
+    save(store, 4, 80.0, origin="mark")
+    for _ in range(6):
+        restore(store, 4)  # successes at levels 0, 1, 2 and three in the 3+ bucket
+    assert lv.probability("mark", 3) == pytest.approx(4 / 13)  # credit 4/13 * 0.8 = 0.246
+    save(store, 32, 60.0)  # chunk, prior 0.1: credit 0.06
+    save(store, 36, 80.0)  # 0.08
+    assert save(store, 40, 90.0)  # 0.09 beats the lowest held (0.06): the cheap unused one goes
+    assert rec.victims == [32] and lv.inflation == pytest.approx(0.06)  # 40 credited 0.06 + 0.09
+    assert lv.probability("chunk", 0) == pytest.approx(1 / 11)  # 32 left unrestored
+    assert save(store, 44, 90.0)  # 0.06 + 0.9 / 11 = 0.142 > 0.08: 36 goes, inflation 0.08
+    assert rec.victims == [32, 36] and lv.inflation == pytest.approx(0.08)
+    assert not save(store, 48, 10.0)  # 0.08 + 0.1 / 12 = 0.088 < 0.15 (40): declined, nothing evicted
+    assert store.stats.declined == 1 and rec.victims == [32, 36]
+    assert save(store, 52, 500.0, speculative=True)  # a speculative capture worth an eviction is admitted
+    assert rec.victims == [32, 36, 40] and store.positions() == [4, 44, 52]  # the popular cheap state stays
+    assert store.stats.saved_by_origin == {"mark": 1, "chunk": 4, "speculative": 1}
+    assert store.stats.restored_tokens_by_origin == {"mark": 6 * 4}
+
+
+def test_learned_value_restore_counts_outlive_an_eviction():
+    def run(history):
+        lv = LearnedValueEviction(history=history)
+        store = SnapshotStore(block_size=4, byte_budget=100, eviction=lv)
+        save(store, 4, 1.0, origin="mark")
+        restore(store, 4)
+        restore(store, 4)  # level 2
+        save(store, 8, 1000.0)  # evicts 4 with two restores
+        save(store, 4, 1e6, origin="mark")  # back (evicts 8)
+        restore(store, 4)
+        return lv
+
+    assert run(history=16).probability("mark", 2) == pytest.approx(2 / 12)  # level 2: evicted once, restored once
+    assert run(history=0).probability("mark", 0) == pytest.approx(3 / 12)  # forgotten: level 0 again
+    with pytest.raises(ValueError, match=r"^history: must be >= 0, got -1"):
+        LearnedValueEviction(history=-1)

@@ -262,6 +262,29 @@ def test_budgeted_optimum_follows_the_future(tmp_path):
     assert NextUseEviction(uses).next_use(next(iter(uses))) == min(next(iter(uses.values())))
 
 
+def test_command_eviction_override_and_origin_counts(tmp_path):
+    from experiments.traces.__main__ import main
+
+    common = ["--trace", "synthetic", "--policies", "ours-plus,marconi", "--limit", "30", "--kv-pool-gb", "1",
+              "--budget-gb", "0.2", "--no-plots"]  # three 62 MB Bamba-9B snapshots
+    assert main([*common, "--out", str(tmp_path / "own")]) == 0
+    assert main([*common, "--eviction", "lru", "--out", str(tmp_path / "lru")]) == 0
+    own = json.loads((tmp_path / "own" / "summary.json").read_text())
+    lru = json.loads((tmp_path / "lru" / "summary.json").read_text())
+    assert own["policies"]["ours-plus"]["eviction"] == "learned_value"
+    assert own["policies"]["marconi"]["eviction"] == "flop_aware"
+    assert {p["eviction"] for p in lru["policies"].values()} == {"lru"} and lru["config"]["eviction"] == "lru"
+    assert "eviction" not in own["config"]  # sweeps without the flag keep their definition
+    for s in (own, lru):
+        for m in s["policies"].values():
+            assert sum(m["saved_by_origin"].values()) == m["snapshots_saved"]
+            assert sum(m["restored_tokens_by_origin"].values()) == m["ssm_hit_tokens"]
+            assert set(m["saved_by_origin"]) <= {"chunk", "mark", "speculative", "decode"}
+        assert s["policies"]["ours-plus"]["snapshots_evicted"] > 0 and s["policies"]["ours-plus"]["ssm_hit_tokens"] > 0
+    with pytest.raises(SystemExit):
+        main([*common, "--eviction", "fifo", "--out", str(tmp_path / "bad")])
+
+
 def test_command_runs_the_synthetic_chat_sessions(tmp_path):
     from experiments.traces.__main__ import main
 

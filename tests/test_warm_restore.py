@@ -73,3 +73,11 @@ def test_family_table_reads_each_run(tmp_path):
         assert (int(r["legacy_restore_at"]), int(r["legacy_replayed"])) == (193, 67)
         assert (int(r["restore_at"]), int(r["replayed"])) == (252, 8)
     assert "| granite-tiny | granitemoehybrid |" in (root / "families.md").read_text()
+
+
+def test_replay_fit_keeps_the_fixed_cost_non_negative():
+    assert warm_restore.fit_line([1, 2, 3], [3.0, 5.0, 7.0]) == (1.0, 2.0)  # exact line a + b x
+    # Short replays slower than the trend (a loaded machine) pull the free intercept below 0:
+    # a = -0.63 there; the fit falls back to the line through the origin, b = sum(xy) / sum(x^2).
+    a, b = warm_restore.fit_line([1, 2, 10], [0.1, 0.3, 5.0])
+    assert a == 0.0 and b == (0.1 + 0.6 + 50.0) / (1 + 4 + 100)

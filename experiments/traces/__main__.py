@@ -21,6 +21,7 @@ from experiments.traces.cost import SHAPES, ShapeCost
 from experiments.traces.goals import check as check_goals, markdown as goal_table
 from experiments.traces.sweep import NAME, load_requests, points_for, run_on_ray, run_points, summarize, write_ttfts
 from experiments.workloads import READINGS, WORKLOADS, default_reading
+from planner.eviction import EVICTION_POLICIES
 from planner.placements import PLACEMENT_SETTINGS
 
 
@@ -54,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
                     help=f"comma-separated placement policies, of {', '.join(sorted(PLACEMENT_SETTINGS))}")
     ap.add_argument("--budget-gb", type=budget_list, default=[None],
                     help="snapshot memory budgets in GB, comma-separated ('inf': unbounded; default inf)")
+    ap.add_argument("--eviction", choices=sorted(EVICTION_POLICIES), default=None,
+                    help="run every policy with this snapshot eviction instead of its own (an ablation; the "
+                         "optimum keeps Belady's MIN under a budget)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="bamba-9b", help="the model shape of the cost model")
     ap.add_argument("--limit", type=int, default=None, help="the first N requests (default: all)")
     ap.add_argument("--prefill-budget", type=int, default=8192, help="tokens per tick for prefill chunks")
@@ -94,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {"trace": args.trace, "shape": args.shape, "limit": args.limit, "prefill_budget": args.prefill_budget,
               "max_batch_size": args.max_batch_size, "kv_pool_gb": args.kv_pool_gb, "time_scale": args.time_scale,
               "trace_file": None if args.trace_file is None else str(args.trace_file)}
+    if args.eviction is not None:  # only then: the sweeps without it keep their definition (and parts)
+        config["eviction"] = args.eviction
     if not args.merge:
         try:  # a bad trace fails here, naming file:line and field, before any part is written
             for reading in readings:

@@ -11,7 +11,8 @@ Metrics (per policy, summed over requests): `kv_hit_tokens` (KV match at admissi
 policy's KV block), `ssm_hit_tokens` (restore points), `lost_tokens` (their difference: KV there
 but no snapshot), `replayed_tokens` (prompt tokens computed), `forwards` (prefill chunk forwards
 of all requests, a two-pass capture counting two), snapshot bytes held (peak, time-weighted
-mean), saved and evicted snapshots, TTFT percentiles (simulated seconds).
+mean), saved and evicted snapshots (saves and restored tokens also per origin: chunk end, mark,
+speculative, decode, oracle), TTFT percentiles (simulated seconds).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from experiments.workloads.request import WorkloadRequest
 from kernels.checks import require
 from model.engine import Engine
 from model.engine.placeholder_runner import PlaceholderRunner
-from planner.eviction import NextUseEviction
+from planner.eviction import EVICTION_POLICIES, NextUseEviction
 from planner.placements import PLACEMENT_SETTINGS
 from planner.prefill_plan import get_policy
 
@@ -50,9 +51,12 @@ class SimConfig:
     kv_pool_gb: float = 60.0  # KV memory, the same for every policy and budget
     time_scale: float = 1.0  # arrivals at arrival_s * time_scale
     runner: str = "hash"
+    eviction: str | None = None  # None: the policy's own (PLACEMENT_SETTINGS); a name overrides it
 
     def __post_init__(self):
         get_policy(self.policy)
+        require(self.eviction is None or self.eviction in EVICTION_POLICIES, "eviction",
+                f"must be one of {sorted(EVICTION_POLICIES)} or None, got {self.eviction!r}")
         require(self.policy in PLACEMENT_SETTINGS, "policy", f"has no engine settings: {self.policy!r}")
         require(self.budget_gb is None or self.budget_gb >= 0, "budget_gb", f"must be >= 0 or None, got {self.budget_gb}")
         require(self.kv_pool_gb > 0, "kv_pool_gb", f"must be > 0, got {self.kv_pool_gb}")
@@ -119,7 +123,7 @@ def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict
         return out
 
     runner = SimulatedRunner(inner, cost, clock, next_tokens)
-    engine = make_runner_engine(runner, settings, PLACEMENT_SETTINGS[cfg.policy]["eviction"],
+    engine = make_runner_engine(runner, settings, cfg.eviction or PLACEMENT_SETTINGS[cfg.policy]["eviction"],
                                 lambda p: cost.row_flops(0, p), clock)
     return engine
 
@@ -207,6 +211,10 @@ def _metrics(records: list[RequestRecord], engine: Engine, clock: SimClock, held
         "snapshots_evicted": stats.evicted,
         "snapshots_restored": stats.restored,
         "snapshots_rejected": stats.rejected,
+        "snapshots_declined": stats.declined,
+        "eviction": engine.snapshots.eviction.name,
+        "saved_by_origin": dict(sorted(stats.saved_by_origin.items())),
+        "restored_tokens_by_origin": dict(sorted(stats.restored_tokens_by_origin.items())),
         "preemptions": sum(r.preemptions for r in records),
         "ttft_s_p50": float(np.percentile(ttft, 50)),
         "ttft_s_p90": float(np.percentile(ttft, 90)),

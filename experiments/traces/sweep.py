@@ -54,7 +54,7 @@ def measure_point(point: dict, config: dict) -> dict:
     requests = load_requests(point["trace"], point["reading"], config["limit"], config.get("trace_file"))
     cfg = SimConfig(point["policy"], shape=config["shape"], budget_gb=point["budget_gb"],
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
-                    kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"])
+                    kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"], eviction=config.get("eviction"))
     marks = uses = None
     if PLACEMENT_SETTINGS[cfg.policy].get("oracle"):
         marks, uses = oracle_for(point["trace"], point["reading"], config["limit"], config.get("trace_file"),
@@ -136,7 +136,8 @@ def summarize(rows: list[dict], config: dict, environment: dict, cost: dict) -> 
 
 
 def _metrics(row: dict) -> dict:
-    keep = (*METRICS, "requests", "prompt_tokens", "engine_forwards", "snapshots_restored", "preemptions",
+    keep = (*METRICS, "requests", "prompt_tokens", "engine_forwards", "snapshots_restored", "snapshots_declined", "eviction",
+            "saved_by_origin", "restored_tokens_by_origin", "preemptions",
             "ttft_s_mean", "simulated_span_s", "simulated_busy_s", "block_size", "state_block", "wall_s")
     return {k: row[k] for k in keep if k in row}
 

@@ -256,7 +256,7 @@ class Engine:
     def _save_boundary_state(self, req: Request) -> None:
         tracked = self._boundary_states.pop(req.request_id, None)
         if tracked is not None:
-            self._save(req, *tracked)
+            self._save(req, *tracked, origin="decode")
 
     def _save_snapshots(self, row: ScheduledRow, captured: list[Any]) -> None:
         """Save the row's captures and, where the plan says, the slot state after the chunk."""
@@ -269,9 +269,12 @@ class Engine:
         for position, state in saves:
             self._save(req, position, state)
 
-    def _save(self, req: Request, position: int, state: Any) -> None:
+    def _save(self, req: Request, position: int, state: Any, origin: str | None = None) -> None:
+        speculative = position in req.speculative_positions
+        if origin is None:  # a prefill save: which of the plan's reasons put it there
+            origin = ("speculative" if speculative else "oracle" if position in req.snapshot_marks
+                      else "mark" if position in req.marked_positions else "chunk")
         if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
-                               flops_saved=self.snapshot_flops(position),
-                               speculative=position in req.speculative_positions):
+                               flops_saved=self.snapshot_flops(position), speculative=speculative, origin=origin):
             req.metrics.snapshot_positions.append(position)
             req.metrics.snapshot_bytes += int(state.nbytes)
