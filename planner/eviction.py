@@ -207,23 +207,25 @@ class LearnedValueEviction:
 
     name = "learned_value"
 
-    def __init__(self, prior_hits: float = 1.0, prior_misses: float = 9.0, history: int = 4096,
-                 speculative_evicts: bool = True):
+    def __init__(self, prior_hits: float = 1.0, prior_misses: float = 9.0, history: int = 4096):
         require(prior_hits > 0 and prior_misses > 0, "prior_hits",
                 f"the prior's counts must be > 0, got {prior_hits}, {prior_misses}")
         require(history >= 0, "history", f"must be >= 0, got {history}")
         self.prior = (prior_hits, prior_misses)
         self.history = history
-        self.speculative_evicts = speculative_evicts
         self.inflation = 0.0
         self._credit: dict[tuple, float] = {}
         self._level: dict[tuple, int] = {}  # restores over the key's lives
         self._ghost: collections.OrderedDict[tuple, int] = collections.OrderedDict()
         self._outcomes: dict[tuple[str, int], list[int]] = collections.defaultdict(lambda: [0, 0])
 
+    def _outcome(self, origin: str, restores: int) -> list[int]:
+        """[restored again, evicted first] so far, for snapshots of `origin` at `restores` (3+ pooled)."""
+        return self._outcomes[(origin, min(restores, 3))]
+
     def probability(self, origin: str, restores: int) -> float:
         """The learned chance that a snapshot of `origin` with `restores` restores is restored again."""
-        again, evicted = self._outcomes[(origin, min(restores, 3))]
+        again, evicted = self._outcome(origin, restores)
         a, b = self.prior
         return (again + a) / (again + evicted + a + b)
 
@@ -237,14 +239,14 @@ class LearnedValueEviction:
 
     def restored(self, snap: Snapshot) -> None:
         level = self._level.get(snap.key, 0)
-        self._outcomes[(snap.origin, min(level, 3))][0] += 1
+        self._outcome(snap.origin, level)[0] += 1
         self._level[snap.key] = level + 1
         self._credit[snap.key] = self._score(snap, level + 1)
 
     def evicted(self, snap: Snapshot) -> None:
         level = self._level.pop(snap.key, 0)
         self._credit.pop(snap.key, None)
-        self._outcomes[(snap.origin, min(level, 3))][1] += 1
+        self._outcome(snap.origin, level)[1] += 1
         if self.history:
             self._ghost[snap.key] = level
             self._ghost.move_to_end(snap.key)
@@ -266,10 +268,7 @@ class LearnedValueEviction:
         return victim
 
     def admits(self, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
-        """Whether a new snapshot's credit beats the lowest held one's (a speculative one never
-        evicts with `speculative_evicts=False`)."""
-        if candidate.origin == "speculative" and not self.speculative_evicts:
-            return False
+        """Whether a new snapshot's credit beats the lowest held one's."""
         mine = self._score(candidate, self._ghost.get(candidate.key, 0))
         return not snapshots or mine > min(self._held_credit(s) for s in snapshots)
 

@@ -178,7 +178,7 @@ MARCONI = ChunkPolicy(
 
 # ---------------------------------------------------------------- ours-plus
 # Speculative in-launch captures every 2048 tokens (4 Mooncake hash blocks): they cost no forward,
-# only snapshot memory, and go only into free memory. First 500 Mooncake conversation requests,
+# only snapshot memory (with LRU they went only into free memory). First 500 Mooncake conversation requests,
 # Bamba-9B, unbounded memory: SSM hits 96% of KV hits as given (32% without the grid; 92% at a
 # 4096 grid) and 99% in chains (83%); at 0.25 and 4 GB the same hits as without it (LRU then).
 # Under a budget ours-plus evicts by learned value (`LearnedValueEviction`): first 1,000 requests,

@@ -165,7 +165,7 @@ class ChunkPolicy:
     forward, the state saved at the chunk end) or is captured inside the same scan launch
     (`"capture"`). `speculative_marks` are marks no request has asked for yet (a grid, say):
     planned like the others, but their snapshots go into free snapshot memory only, unless the
-    eviction policy's `admits` judges them worth an eviction (`SnapshotStore.save(speculative=True)`).
+    eviction policy's `admits` judges them worth an eviction (`SnapshotStore.save(origin="speculative")`).
     `source` names where the rules come from.
     """
 

@@ -81,13 +81,8 @@ class SnapshotStats:
     rejected: int = 0  # larger than the whole budget
     declined: int = 0  # speculative with no free memory, or the policy keeps what it holds (`admits`)
     duplicates: int = 0  # a save for a prefix already held (refreshed, not stored twice)
-    saved_by_origin: dict[str, int] = dataclasses.field(default_factory=dict)
-    restored_by_origin: dict[str, int] = dataclasses.field(default_factory=dict)
-    restored_tokens_by_origin: dict[str, int] = dataclasses.field(default_factory=dict)  # restore positions summed
-
-
-def _count(counts: dict[str, int], key: str, n: int) -> None:
-    counts[key] = counts.get(key, 0) + n
+    saved_by_origin: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    restored_tokens_by_origin: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # positions summed
 
 
 class SnapshotStore:
@@ -119,14 +114,12 @@ class SnapshotStore:
         return anchor, tuple(token_ids[full * self.block_size : position])
 
     def save(self, token_ids: Sequence[int], position: int, state: Any, block_hashes: Sequence[BlockHash],
-             flops_saved: float = 0.0, speculative: bool = False, origin: str | None = None) -> bool:
-        """Store the state after `token_ids[:position]`; False when it cannot fit the budget, when
-        the eviction policy's `admits` keeps what it holds instead, or when it is `speculative` (no
-        request asked for it), would need an eviction to fit, and the policy has no `admits`.
-        `origin` (one of `ORIGINS`; default "speculative" if speculative, else "chunk") is stamped
-        on the snapshot."""
+             flops_saved: float = 0.0, origin: str = "chunk") -> bool:
+        """Store the state after `token_ids[:position]`, stamped with `origin` (one of `ORIGINS`);
+        False when it cannot fit the budget, when the eviction policy's `admits` keeps what it
+        holds instead, or when it is speculative (no request asked for it), would need an eviction
+        to fit, and the policy has no `admits`."""
         require(0 < position <= len(token_ids), "position", f"must be in [1, {len(token_ids)}], got {position}")
-        origin = origin or ("speculative" if speculative else "chunk")
         require(origin in ORIGINS, "origin", f"must be one of {ORIGINS}, got {origin!r}")
         anchor, tail = self._key_parts(token_ids, position, block_hashes)
         now = next(self._clock)
@@ -143,7 +136,7 @@ class SnapshotStore:
         snap = Snapshot(position, anchor, tail, state, nbytes, last_used=now, flops_saved=flops_saved, origin=origin)
         full = self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget
         admits = getattr(self.eviction, "admits", None)
-        if full and (not admits(snap, list(self._lru.values())) if admits is not None else speculative):
+        if full and (not admits(snap, list(self._lru.values())) if admits is not None else origin == "speculative"):
             self.stats.declined += 1
             return False
         while self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget:
@@ -153,7 +146,7 @@ class SnapshotStore:
         self.bytes_held += nbytes
         self.stats.saved += 1
         self.stats.saved_bytes += nbytes
-        _count(self.stats.saved_by_origin, origin, 1)
+        self.stats.saved_by_origin[origin] += 1
         self._tell("saved", snap)
         return True
 
@@ -201,8 +194,7 @@ class SnapshotStore:
         self._lru.move_to_end(snap.key)
         self.stats.restored += 1
         self.stats.restored_bytes += snap.nbytes
-        _count(self.stats.restored_by_origin, snap.origin, 1)
-        _count(self.stats.restored_tokens_by_origin, snap.origin, snap.position)
+        self.stats.restored_tokens_by_origin[snap.origin] += snap.position
         self._tell("restored", snap)
 
     def clear(self) -> None:

@@ -261,7 +261,7 @@ def test_learned_value_victims_admission_and_inflation():
     assert rec.victims == [32, 36] and lv.inflation == pytest.approx(0.08)
     assert not save(store, 48, 10.0)  # 0.08 + 0.1 / 12 = 0.088 < 0.15 (40): declined, nothing evicted
     assert store.stats.declined == 1 and rec.victims == [32, 36]
-    assert save(store, 52, 500.0, speculative=True)  # a speculative capture worth an eviction is admitted
+    assert save(store, 52, 500.0, origin="speculative")  # a speculative capture worth an eviction is admitted
     assert rec.victims == [32, 36, 40] and store.positions() == [4, 44, 52]  # the popular cheap state stays
     assert store.stats.saved_by_origin == {"mark": 1, "chunk": 4, "speculative": 1}
     assert store.stats.restored_tokens_by_origin == {"mark": 6 * 4}

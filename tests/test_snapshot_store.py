@@ -75,9 +75,9 @@ def test_speculative_saves_fill_free_memory_and_never_evict():
     store = SnapshotStore(block_size=4, byte_budget=250)
     t = list(range(40))
     h = hash_full_blocks(t, 4)
-    assert store.save(t, 4, Blob("p4"), h, speculative=True)  # free memory: kept like any other
+    assert store.save(t, 4, Blob("p4"), h, origin="speculative")  # free memory: kept like any other
     assert store.save(t, 8, Blob("p8"), h)
-    assert not store.save(t, 12, Blob("p12"), h, speculative=True)  # would need an eviction
+    assert not store.save(t, 12, Blob("p12"), h, origin="speculative")  # would need an eviction
     assert store.positions() == [4, 8] and store.stats.declined == 1 and store.stats.evicted == 0
     assert store.save(t, 16, Blob("p16"), h)  # a requested one evicts as usual (LRU: p4)
     assert store.positions() == [8, 16] and store.stats.evicted == 1

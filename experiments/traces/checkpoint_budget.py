@@ -28,6 +28,7 @@ import collections
 from pathlib import Path
 from typing import Sequence
 
+from experiments.flags import name_list
 from experiments.traces.oracle import optimum_matches
 from experiments.traces.sweep import load_requests
 from experiments.workloads import READINGS, WORKLOADS, default_reading
@@ -45,7 +46,7 @@ def owner_depths(requests: Sequence[WorkloadRequest], block_size: int = 16
     counts: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     for _, owner, position in optimum_matches(requests, block_size):
         counts[owner][position] += 1
-    length = {r.index: r.prompt_len + (r.output_len if r.reply_ids() is not None else 0) for r in requests}
+    length = {r.index: r.prompt_len + (r.output_len if r.load_reply is not None else 0) for r in requests}
     depths = {o: (sorted(c), [c[d] for d in sorted(c)]) for o, c in counts.items()}
     return depths, {o: length[o] for o in depths}
 
@@ -71,30 +72,25 @@ def curve(requests: Sequence[WorkloadRequest], block_size: int = 16, ms: Sequenc
     owners = len(depths)
     rows = []
 
-    def row(placement: str, m: float, restored: float, checkpoints: int) -> None:
-        rows.append({"placement": placement, "m": m, "restored_tokens": int(restored), "matched_tokens": matched,
+    def row(placement: str, m: float | None, checkpoints_of) -> None:
+        """Every owner's checkpoints from `checkpoints_of(owner)`; `m` None: their mean count."""
+        restored = checkpoints = 0
+        for o, (ds, ws) in depths.items():
+            pos = checkpoints_of(o)
+            restored, checkpoints = restored + restored_tokens(ds, ws, pos), checkpoints + len(pos)
+        per_owner = checkpoints / owners if owners else 0.0
+        rows.append({"placement": placement, "m": round(per_owner, 2) if m is None else m,
+                     "restored_tokens": int(restored), "matched_tokens": matched,
                      "restored_share": restored / matched if matched else 0.0, "owners": owners,
-                     "checkpoints_per_owner": checkpoints / owners if owners else 0.0})
+                     "checkpoints_per_owner": per_owner})
 
     most = max((len(ds) for ds, _ in depths.values()), default=0)  # dp-all: every depth, all matched
     for name, m in (*(("dp", m) for m in ms if m < most), ("dp-all", most)):
-        value = count = 0
-        for ds, ws in depths.values():
-            v, pos = best_checkpoints(ds, ws, m)
-            value, count = value + v, count + len(pos)
-        row(name, m, value, count)
+        row(name, m, lambda o, m=m: best_checkpoints(*depths[o], m)[1])
     for m in ms:
-        value = count = 0
-        for o, (ds, ws) in depths.items():
-            pos = uniform(length[o], m, block_size)
-            value, count = value + restored_tokens(ds, ws, pos), count + len(pos)
-        row("uniform", m, value, count)
+        row("uniform", m, lambda o, m=m: uniform(length[o], m, block_size))
     for g in grids:
-        value = count = 0
-        for o, (ds, ws) in depths.items():
-            pos = grid(length[o], g, block_size)
-            value, count = value + restored_tokens(ds, ws, pos), count + len(pos)
-        row(f"grid-{g}", round(count / owners, 2) if owners else 0, value, count)
+        row(f"grid-{g}", None, lambda o, g=g: grid(length[o], g, block_size))
     return rows
 
 
@@ -140,16 +136,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m experiments.traces.checkpoint_budget", description=__doc__.split("\n")[0])
     ap.add_argument("--trace", required=True, choices=list(WORKLOADS))
-    ap.add_argument("--reading", default=None, help=f"comma-separated, of {READINGS} (default: the trace's)")
+    ap.add_argument("--reading", type=name_list(READINGS), default=None,
+                    help=f"comma-separated, of {', '.join(READINGS)} (default: the trace's)")
     ap.add_argument("--limit", type=int, default=None, help="the first N requests (default: all)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
-    readings = args.reading.split(",") if args.reading else [default_reading(args.trace)]
-    for r in readings:
-        if r not in READINGS:
-            ap.error(f"--reading: must be among {READINGS}, got {r!r}")
+    readings = args.reading or [default_reading(args.trace)]
     rows = []
     for reading in readings:
         requests = load_requests(args.trace, reading, args.limit)

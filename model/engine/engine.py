@@ -270,11 +270,11 @@ class Engine:
             self._save(req, position, state)
 
     def _save(self, req: Request, position: int, state: Any, origin: str | None = None) -> None:
-        speculative = position in req.speculative_positions
         if origin is None:  # a prefill save: which of the plan's reasons put it there
-            origin = ("speculative" if speculative else "oracle" if position in req.snapshot_marks
+            origin = ("speculative" if position in req.speculative_positions
+                      else "oracle" if position in req.snapshot_marks
                       else "mark" if position in req.marked_positions else "chunk")
         if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
-                               flops_saved=self.snapshot_flops(position), speculative=speculative, origin=origin):
+                               flops_saved=self.snapshot_flops(position), origin=origin):
             req.metrics.snapshot_positions.append(position)
             req.metrics.snapshot_bytes += int(state.nbytes)
