@@ -1,6 +1,6 @@
 """Snapshot eviction policies by name (`get_eviction`), FLOP-aware eviction (Marconi-style),
 learned-value eviction (ours-plus: GreedyDual over FLOPs spared x a restore chance learned online),
-Belady's MIN for the offline optimum, and the prefill FLOPs a snapshot spares.
+and Belady's MIN for the offline optimum.
 
 `EVICTION_POLICIES` maps a name to a policy class, the same shape as the chunk policies'
 `planner.prefill_plan.POLICIES`: `get_eviction("flop_aware", alpha=0.5)`.
@@ -8,7 +8,7 @@ Belady's MIN for the offline optimum, and the prefill FLOPs a snapshot spares.
 LRU (`planner.snapshot_store.LRUEviction`) drops the snapshot used longest ago. In a hybrid
 model that is a poor proxy for value: every snapshot of one model has the same size (preset
 "small": 5 Mamba layers x (conv 768x3 + SSM 8x64x128) fp32 = 1,356,800 bytes), but a hit on a
-snapshot at position 16,368 spares about 25x the prefill FLOPs of one at 1,024 (table below).
+snapshot at position 16,368 spares about 25x the prefill FLOPs of one at 1,024 (below).
 Marconi (MLSys 2025, section 4.2) scores every entry by recency plus FLOPs saved per byte of
 memory and evicts the lowest score; this is that score over our snapshot store.
 
@@ -29,86 +29,22 @@ ties broken by LRU order.
 
 `flops_saved` is what the engine stamps on a snapshot at save time (`Engine(snapshot_flops=)`):
 the prefill FLOPs of tokens [0, position), as if a hit avoided recomputing the whole prefix.
-It overstates the marginal value of a deep snapshot when a shallower one of the same prefix is
-also held (a hit then saves only the FLOPs between the two); Marconi has the same
-simplification for its radix-tree nodes' SSM states.
-
-Prefill FLOPs of [0, p) (`prefill_flops`), counting a multiply-add as 2 FLOPs:
-
-    2 * linear_params * p                       every projection (Mamba in/out, conv taps,
-                                                attention q/k/v/o, SwiGLU); the LM head runs on
-                                                the last token only in a prefill, so it is out
-  + ssm_flops_per_token * p                     the SSD scan itself (per Mamba layer, chunk Q:
-                                                4*H*P*N for B^T x and C h, plus Q*(G*N + H*P)
-                                                for the causal intra-chunk C B^T and its product
-                                                with x)
-  + attention_layers * 2 * width * p * (p + 1)  Q K^T and P V over the causal prefix: token t
-                                                attends to t + 1 keys, 2 matmuls x 2 FLOPs per
-                                                MAC x width (= heads x head_dim)
-
-For preset "small" (`PrefillFlops.from_config`): linear_params = 6,022,144 per token (the
-model's weight matrices and conv taps minus embedding and head, checked in the tests), the SSD
-term 2,129,920 FLOPs per token, one attention layer of width 256. FLOPs saved by a snapshot at
-p = 1,024: 1.51e10 (attention 4% of it); 4,096: 6.66e10 (13%); 16,368: 3.69e11 (37%; 25x the
-one at 1,024); 32,752: 1.01e12 (54%).
+The count is the model's cost model (`model.cost.ModelCost.snapshot_flops`: weights, SSD scan
+and causal attention over the prefix, the LM head left out; e.g. preset "small": 1.51e10 FLOPs
+at 1,024, 3.69e11 at 16,368). It overstates the marginal value of a deep snapshot when a shallower
+one of the same prefix is also held (a hit then saves only the FLOPs between the two); Marconi
+has the same simplification for its radix-tree nodes' SSM states.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import inspect
 import math
 from typing import Iterable, Mapping, Sequence
 
 from kernels.checks import require
 from planner.snapshot_store import EvictionPolicy, LRUEviction, Snapshot
-
-
-def prefill_flops(position: int, linear_params: float, attention_layers: int, attention_width: int,
-                  ssm_flops_per_token: float = 0.0) -> float:
-    """FLOPs to prefill tokens [0, position) from scratch (see the module docstring's formula)."""
-    require(position >= 0, "position", f"must be >= 0, got {position}")
-    p = float(position)
-    return (2.0 * linear_params + ssm_flops_per_token) * p + attention_layers * 2.0 * attention_width * p * (p + 1.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefillFlops:
-    """`prefill_flops` with a model's numbers bound: `PrefillFlops(...)(position) -> FLOPs`.
-
-    Pass an instance as `Engine(snapshot_flops=...)` so every saved snapshot carries the FLOPs a
-    hit on it spares.
-    """
-
-    linear_params: int  # weights a token multiplies through, LM head excluded
-    attention_layers: int
-    attention_width: int  # heads x head_dim of the queries
-    ssm_flops_per_token: float
-
-    def __call__(self, position: int) -> float:
-        return prefill_flops(position, self.linear_params, self.attention_layers, self.attention_width,
-                             self.ssm_flops_per_token)
-
-    @classmethod
-    def from_config(cls, config) -> "PrefillFlops":
-        """From a `model.config.HybridConfig` (read by attribute; the planner does not import the model)."""
-        c = config
-        d_inner = c.mamba_expand * c.hidden_size
-        conv_dim = d_inner + 2 * c.mamba_n_groups * c.mamba_d_state
-        heads = c.mamba_n_heads
-        mamba = (c.hidden_size * (d_inner + conv_dim + heads)  # in_proj -> [z | xBC | dt]
-                 + conv_dim * c.mamba_d_conv  # depthwise conv taps
-                 + d_inner * c.hidden_size)  # out_proj
-        q_width, kv_width = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        attention = c.hidden_size * (q_width + 2 * kv_width) + q_width * c.hidden_size
-        mlp = 3 * c.hidden_size * c.intermediate_size
-        n_attn = len(c.attn_layer_indices)
-        n_mamba = c.num_hidden_layers - n_attn
-        ssd = 2 * (2 * heads * c.mamba_d_head * c.mamba_d_state
-                   + c.mamba_chunk_size * (c.mamba_n_groups * c.mamba_d_state + heads * c.mamba_d_head) / 2)
-        return cls(linear_params=n_mamba * mamba + n_attn * attention + c.num_hidden_layers * mlp,
-                   attention_layers=n_attn, attention_width=q_width, ssm_flops_per_token=n_mamba * ssd)
 
 
 def _min_max(values: Sequence[float]) -> list[float]:

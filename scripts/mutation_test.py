@@ -55,7 +55,8 @@ DEFAULT_TESTS = (
     "tests/test_workloads.py", "tests/test_peer_vllm.py", "tests/test_layering.py",
 )
 EQUIVALENT_FILE = ROOT / "results" / "mutation" / "equivalent.json"
-MIN_TIMEOUT_S = 20.0
+MIN_TIMEOUT_S = 20.0  # a mutant's whole run, at least
+TEST_TIMEOUT_FACTOR, TEST_TIMEOUT_S = 5.0, 3.0  # one test under a mutant: 5x its baseline + 3 s
 
 
 # ---------------------------------------------------------------- mutants
@@ -338,7 +339,8 @@ class MutationPlugin:
         return True
 
     def _timeout(self, tests) -> float:
-        return max(MIN_TIMEOUT_S, 3.0 * sum(self.durations[i] for i in tests) + 5.0)
+        per_test = sum(TEST_TIMEOUT_FACTOR * self.durations[i] + TEST_TIMEOUT_S for i in tests)
+        return max(MIN_TIMEOUT_S, per_test + 10.0)
 
     def _start(self, mutant, index, chosen, tests, items, live):
         """Start one mutant's run; returns (pid or Popen, read end of its result pipe or None)."""
@@ -363,10 +365,20 @@ class MutationPlugin:
                     fn.__code__ = code
                 recorder = _Failures()
                 items[0].config.pluginmanager.register(recorder, "mutation-child")
+                timed_out = []
+
+                def alarm(signum, frame):  # a mutant that loops: fail the test it hangs in
+                    timed_out.append(True)
+                    raise TimeoutError("mutant timed out")
+
+                signal.signal(signal.SIGALRM, alarm)
                 for n, i in enumerate(tests):
+                    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_FACTOR * self.durations[i] + TEST_TIMEOUT_S)
                     items[i].ihook.pytest_runtest_protocol(item=items[i], nextitem=None)
+                    signal.setitimer(signal.ITIMER_REAL, 0)
                     if recorder.failed:
-                        os.write(write, f"killed {n + 1} {recorder.failed}".encode())
+                        kind = "timeout" if timed_out else "killed"
+                        os.write(write, f"{kind} {n + 1} {recorder.failed}".encode())
                         os._exit(1)
                 os.write(write, f"survived {len(tests)} ".encode())
                 os._exit(0)

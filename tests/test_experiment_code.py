@@ -17,7 +17,7 @@ def functions(path: Path):
 
 def test_sources_found():
     names = {p.relative_to(EXPERIMENTS).as_posix() for p in SOURCES}
-    assert {"runs.py", "warm_restore.py", "ablations.py", "multiturn/run.py", "multiturn/workload.py"} <= names
+    assert {"runs.py", "warm_restore.py", "ablations.py", "multiturn/run.py", "workloads/synthetic.py"} <= names
 
 
 def test_no_function_longer_than_80_lines():

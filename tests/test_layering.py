@@ -176,3 +176,40 @@ def test_the_checker_finds_every_kind_of_violation():
     two = check_source("import os\nfrom model.hybrid import HybridLM\nfrom planner.request import _x\n",
                        "kernels.fake", "k.py")
     assert [v.split(": ")[0] for v in two] == ["k.py:2", "k.py:3", "k.py:3"]
+
+
+# The shared workload package serves every study, so it imports no study: of experiments/, only
+# itself and the shared helpers.
+WORKLOADS_MAY_IMPORT = ("experiments.workloads", "experiments.results_io")
+
+
+def experiments_imports(source: str, importer: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, module) of every import of an `experiments` module in one module's source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(node, importer, is_package)
+            found += [(node.lineno, f"{base}.{a.name}" if _is_module(f"{base}.{a.name}", REPO) else base)
+                      for a in node.names]
+    return [(line, m) for line, m in found if m.split(".")[0] == "experiments"]
+
+
+def study_imports(source: str, importer: str, is_package: bool = False) -> list[str]:
+    return [f"{line}: {m}" for line, m in dict.fromkeys(experiments_imports(source, importer, is_package))
+            if not any(m == a or m.startswith(a + ".") for a in WORKLOADS_MAY_IMPORT)]
+
+
+def test_the_workload_package_imports_no_study():
+    root = REPO / "experiments" / "workloads"
+    found = [f"{p.relative_to(REPO)}:{v}" for p in sorted(root.rglob("*.py"))
+             for v in study_imports(p.read_text(), module_name(p, REPO), p.name == "__init__.py")]
+    assert not found, "experiments/workloads imports a study:\n" + "\n".join(found)
+    # the check itself: a study import fires (either form), the package's own and shared helpers pass
+    assert study_imports("from experiments.multiturn.run import Study\n", "experiments.workloads.x") == [
+        "1: experiments.multiturn.run"]
+    assert study_imports("import experiments.traces.simulate\n", "experiments.workloads.x") == [
+        "1: experiments.traces.simulate"]
+    assert study_imports("from .request import WorkloadRequest\nfrom experiments import results_io\n",
+                         "experiments.workloads.x") == []

@@ -6,8 +6,10 @@ import json
 
 from experiments.multiturn import run
 from experiments.multiturn.cli import main
-from experiments.multiturn.workload import (KINDS, ReplyOf, Step, SyntheticSessions, WorkloadConfig, make_workload,
-                                            request_id)
+import pytest
+
+from experiments.workloads import KINDS, ReplyPending, SyntheticSessions, WorkloadConfig, check_workload
+from experiments.workloads.synthetic import Step, make_workload
 
 
 def test_workload_is_seeded_and_within_its_distributions():
@@ -48,35 +50,46 @@ def test_prompts_chain_turns_and_branches():
     source = SyntheticSessions(cfg, 1000)
     system, sessions = source.system, source.sessions
     assert sum(s.parent is not None for s in sessions) == 3
-    requests = {r.request_id: r for r in source.requests()}
-    order = [(st.sid, st.turn, st.copy) for st in source.order]
-    assert [(r.session, r.turn, r.copy) for r in requests.values()] == order
+    reqs = list(source.requests())
+    by_step = {(r.session, r.turn, r.copy): r for r in reqs}
+    assert list(by_step) == [(st.sid, st.turn, st.copy) for st in source.order]
+    assert [r.request_id for r in reqs] == [f"s{st.sid}t{st.turn}c{st.copy}" for st in source.order]
+    assert all(r.load_reply is None and r.arrival_s == 0.0 for r in reqs)  # generated at run time; no clock
     # stand-in replies of the right length, distinct per request so a wrong reference shows
-    replies = {rid: [i] * r.max_new_tokens for i, (rid, r) in enumerate(requests.items())}
-    lens = {rid: r.max_new_tokens for rid, r in requests.items()}
+    replies = {r.index: [r.index] * r.output_len for r in reqs}
 
     def prompt(sid, t):
-        return requests[request_id(sid, t)].prompt(replies)
+        return by_step[(sid, t, 0)].prompt_ids(replies)
 
     for s in sessions:
         for t in range(len(s.turns)):
-            r = requests[request_id(s.sid, t)]
-            p = r.prompt(replies)
-            assert len(p) == r.prompt_len(lens)
-            assert r.prompt({}) is None if (t or s.parent is not None) else r.prompt({}) == p
+            r = by_step[(s.sid, t, 0)]
+            p = r.prompt_ids(replies)
+            assert len(p) == r.prompt_len and r.output_len == s.turns[t].max_new_tokens
+            if t or s.parent is not None:  # holds a reply: not ready before it is generated
+                with pytest.raises(ReplyPending):
+                    r.prompt_ids({})
+            else:
+                assert r.prompt_ids({}) == p
             if t:
-                assert r.kind == "next_turn"
-                assert p == prompt(s.sid, t - 1) + replies[request_id(s.sid, t - 1)] + s.turns[t].user
+                assert r.kind == "next_turn" and r.parent == by_step[(s.sid, t - 1, 0)].index
+                assert p == prompt(s.sid, t - 1) + replies[r.parent] + s.turns[t].user
             elif s.parent is None:
-                assert r.kind == "session_start" and p == system + s.turns[0].user
+                assert r.kind == "session_start" and r.parent is None and p == system + s.turns[0].user
             else:
                 k = s.branch_after - 1
-                assert r.kind == "branch_start" and ReplyOf(request_id(s.parent, k)) in r.segments
-                assert p == prompt(s.parent, k) + replies[request_id(s.parent, k)] + s.turns[0].user
-    regenerated = [r for r in requests.values() if r.copy]
-    assert regenerated and all(r.kind == "regenerate" and r.segments == requests[request_id(r.session, r.turn)].segments
-                               for r in regenerated)
-    assert source.describe()["n_requests"] == len(requests)
+                assert r.kind == "branch_start" and r.parent == by_step[(s.parent, k, 0)].index
+                assert p == prompt(s.parent, k) + replies[r.parent] + s.turns[0].user
+    regenerated = [r for r in reqs if r.copy]
+    originals = [by_step[(r.session, r.turn, 0)] for r in regenerated]
+    assert regenerated and all(r.kind == "regenerate" and r.parent == o.parent and r.index == o.index + 1
+                               and r.prompt_ids(replies) == o.prompt_ids(replies)
+                               for r, o in zip(regenerated, originals))
+    # only a root session's first turn (either sending) continues nothing
+    assert [r.parent is None for r in reqs] == [r.turn == 0 and sessions[r.session].parent is None for r in reqs]
+    # the shared rules hold, with stand-ins for the generated replies
+    assert check_workload(reqs) == sum(r.parent is not None for r in reqs) > 0
+    assert source.describe()["n_requests"] == len(reqs)
 
 
 def read(path):

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from experiments.workloads import WorkloadRequest, check_workload, open_workload
+from experiments.workloads import SyntheticSessions, WorkloadConfig, WorkloadRequest, check_workload, open_workload
 from experiments.workloads.__main__ import main as stats_main
 from experiments.workloads.json_stream import JsonArrayStream
 from experiments.workloads.mooncake import BLOCK_TOKENS, TRACES, MooncakeTrace
@@ -313,29 +313,43 @@ SMALL_CHAT = dict(sessions=8, system_min=40, system_max=80, turns_min=2, turns_m
 
 
 def test_synthetic_source_is_the_multiturn_schedule_with_fixed_replies():
-    from experiments.multiturn.workload import ReplyOf, SyntheticSessions, WorkloadConfig
-
     src = open_workload("synthetic", request_gap_s=1.5, **SMALL_CHAT)
     reqs = list(src.requests())
-    schedule = list(SyntheticSessions(WorkloadConfig(**SMALL_CHAT), VOCAB).requests())
-    assert len(reqs) == len(schedule) and [r.output_len for r in reqs] == [s.max_new_tokens for s in schedule]
-    assert [r.arrival_s for r in reqs[:3]] == [0.0, 1.5, 3.0] and [r.session for r in reqs] == [s.session for s in schedule]
-    # every request whose prompt holds an earlier reply continues one (a regenerated first turn does not)
-    assert check_workload(reqs) == sum(any(isinstance(g, ReplyOf) for g in s.segments) for s in schedule) > 0
+    sessions = SyntheticSessions(WorkloadConfig(**SMALL_CHAT), VOCAB)  # the multi-turn study's: replies generated
+    schedule = list(sessions.requests())
+    same = lambda r: (r.index, r.prompt_len, r.output_len, r.parent, r.session, r.turn, r.copy, r.kind)  # noqa: E731
+    assert len(reqs) == len(schedule) and [same(r) for r in reqs] == [same(s) for s in schedule]
+    assert [r.arrival_s for r in reqs[:3]] == [0.0, 1.5, 3.0] and {s.arrival_s for s in schedule} == {0.0}
+    # its prompts are the schedule's with every reply the fixed one
+    fixed = {r.index: r.reply_ids() for r in reqs}
+    assert all(r.prompt_ids() == s.prompt_ids(fixed) for r, s in zip(reqs, schedule))
+    assert check_workload(reqs) == sum(s.parent is not None for s in schedule) > 0
     kinds = {s.kind for s in schedule}
     assert {"next_turn", "branch_start", "regenerate"} <= kinds, kinds  # the seed draws every kind
-    for r, s in zip(reqs, schedule):
-        if s.kind == "regenerate":  # the original's prompt and parent, its own reply
+    for r in reqs:
+        if r.kind == "regenerate":  # the original's prompt and parent, its own reply
             orig = reqs[r.index - 1]
             assert r.parent == orig.parent and np.array_equal(r.load_prompt(), orig.load_prompt())
             assert not np.array_equal(r.load_reply(), orig.load_reply()) or r.output_len < 2
-        if s.kind in ("next_turn", "branch_start"):  # parent prompt + parent reply + the new user message
+        if r.kind in ("next_turn", "branch_start"):  # parent prompt + parent reply + the new user message
             parent = reqs[r.parent]
             head = np.concatenate([parent.load_prompt(), parent.load_reply()])
-            assert np.array_equal(r.load_prompt(), np.concatenate([head, s.segments[-1]]))
-            assert schedule[r.parent].copy == 0
+            user = sessions.sessions[r.session].turns[r.turn].user
+            assert np.array_equal(r.load_prompt(), np.concatenate([head, user]))
+            assert parent.copy == 0
     again = list(open_workload("synthetic", request_gap_s=1.5, **SMALL_CHAT).requests(limit=5))
     assert len(again) == 5 and all(np.array_equal(a.load_prompt(), b.load_prompt()) for a, b in zip(again, reqs))
+
+
+def test_every_source_follows_the_protocol(six, tmp_path):
+    """name, requests(limit) and describe() (JSON-ready) on every source: the multi-turn study's too."""
+    path = tmp_path / "cut.json"
+    path.write_bytes(truncated_json(60))
+    sources = [MooncakeTrace(six, "chains", VOCAB), ShareGPT(path, encode=utf8_bytes),
+               open_workload("synthetic", **SMALL_CHAT), SyntheticSessions(WorkloadConfig(**SMALL_CHAT), VOCAB)]
+    for src in sources:
+        assert isinstance(src.name, str) and isinstance(json.dumps(src.describe()), str)
+        assert [r.index for r in src.requests(limit=2)] == [0, 1]
 
 
 def test_synthetic_source_bad_options():
@@ -351,6 +365,24 @@ def test_synthetic_source_bad_options():
 def fixed(index, prompt, reply, parent=None):
     return WorkloadRequest(index=index, arrival_s=float(index), prompt_len=len(prompt), output_len=len(reply),
                            parent=parent, session=0, load_prompt=lambda: prompt, load_reply=lambda: reply)
+
+
+def generated(index, build, prompt_len, output_len, parent=None):
+    """A request whose reply the model generates: no load_reply, the prompt built from the driver's replies."""
+    return WorkloadRequest(index=index, arrival_s=0.0, prompt_len=prompt_len, output_len=output_len, parent=parent,
+                           session=0, load_prompt=build)
+
+
+def test_generated_replies_come_from_the_driver_and_check_workload_stands_in_for_them():
+    first = generated(0, lambda replies: [5, 6], 2, 3)
+    nxt = generated(1, lambda replies: [5, 6, *replies[0], 7], 6, 1, parent=0)  # first's prompt + its reply + 1
+    assert first.reply_ids() is None and first.request_id == "r0"  # no turn numbers: named by index
+    assert nxt.prompt_ids({0: [1, 2, 3]}) == [5, 6, 1, 2, 3, 7]
+    assert check_workload([first, nxt]) == 1
+    # a prompt that holds something else where the parent's (generated) reply belongs breaks the rule
+    wrong = generated(1, lambda replies: [5, 6, 9, 9, 9, 7], 6, 1, parent=0)
+    with pytest.raises(ValueError, match="does not start with the prompt \\+ reply of its parent 0"):
+        check_workload([first, wrong])
 
 
 def test_reuse_bound_exact_on_small_requests():

@@ -10,11 +10,12 @@ from experiments.flags import (add_model_flags, add_policy_flag, float_in_range,
                                require_block_of_budget, shard_spec)
 from experiments.multiturn.report import finalize, plot
 from experiments.multiturn.run import RunConfig, Study, configs_for, run_configs
-from experiments.multiturn.workload import QUICK, SyntheticSessions, WorkloadConfig
 from experiments.results_io import RESULTS, log
 from experiments.runs import ModelLoadError, build_model, model_config, set_threads, warm_up
+from experiments.workloads.synthetic import QUICK, SyntheticSessions, WorkloadConfig
+from model.cost import ModelCost
 from model.engine import PlaceholderRunner
-from planner.eviction import EVICTION_POLICIES, PrefillFlops
+from planner.eviction import EVICTION_POLICIES
 
 WORKLOAD_TYPES = {"user_median": float_in_range(0, lo_open=True), "user_sigma": float_in_range(0),
                   "branch_fraction": float_in_range(0, 1), "regenerate_fraction": float_in_range(0, 1)}
@@ -89,11 +90,11 @@ def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tupl
         except ModelLoadError as e:
             ap.error(f"argument --model/--preset: {e}")
         warm_up(model)
-        vocab, flops = model.config.vocab_size, PrefillFlops.from_config(model.config)
+        vocab, flops = model.config.vocab_size, ModelCost(model.config).snapshot_flops
         snapshot_nbytes = model.allocate_cache(1, args.block_size, 1).state_bytes_per_slot
     else:
         # the model's FLOP model without its weights: the planner figures (not the TTFTs) match the model run's
-        vocab, flops = 64, PrefillFlops.from_config(model_config(args.model))
+        vocab, flops = 64, ModelCost(model_config(args.model)).snapshot_flops
         snapshot_nbytes = PlaceholderRunner(1, 1, args.block_size).snapshot_nbytes
     source = SyntheticSessions(wcfg, vocab)
     study = Study(list(source.requests()), args.block_size, args.prefill_budget, args.interval, args.concurrency,

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Callable
 
 from experiments import sweep_parts
-from experiments.multiturn.workload import KINDS, WorkloadRequest
 from experiments.results_io import log
 from experiments.runs import kv_blocks_for, make_engine, make_placeholder_engine
+from experiments.workloads.request import KINDS, ReplyPending, WorkloadRequest
 from model.engine import Engine
 from model.hybrid import HybridLM
 from planner.eviction import get_eviction
@@ -93,9 +93,7 @@ class Study:
     @property
     def kv_pool_blocks(self) -> int:
         """Every request's prompt and reply at once, nothing shared: no KV block is ever evicted."""
-        reply_lens = {r.request_id: r.max_new_tokens for r in self.requests}  # no EOS: exactly max_new_tokens
-        return kv_blocks_for([r.prompt_len(reply_lens) + r.max_new_tokens for r in self.requests], self.block_size,
-                             slack=64)
+        return kv_blocks_for([r.prompt_len + r.output_len for r in self.requests], self.block_size, slack=64)
 
 
 def engine_for(study: Study, cfg: RunConfig) -> Engine:
@@ -128,7 +126,7 @@ def replay(engine: Engine, requests: list[WorkloadRequest], concurrency: int, la
     snapshot bytes held."""
     pending = list(requests)
     inflight: dict[str, WorkloadRequest] = {}
-    replies: dict[str, list[int]] = {}
+    replies: dict[int, list[int]] = {}  # request index -> its generated reply
     rows: list[dict] = []
     peak_bytes = 0
     t0 = time.perf_counter()
@@ -137,17 +135,18 @@ def replay(engine: Engine, requests: list[WorkloadRequest], concurrency: int, la
             wr = pending[0]
             if any(w.session == wr.session for w in inflight.values()):
                 break  # its previous turn (or the first sending of a regenerate) is still running
-            prompt = wr.prompt(replies)
-            if prompt is None:
+            try:
+                prompt = wr.prompt_ids(replies)
+            except ReplyPending:
                 break  # the reply it extends is not generated yet (a branch's parent turn)
             pending.pop(0)
-            engine.add_request(prompt, wr.max_new_tokens, wr.request_id)
+            engine.add_request(prompt, wr.output_len, wr.request_id)
             inflight[wr.request_id] = wr
         if not inflight:
             raise RuntimeError(f"replay: nothing in flight and {pending[0].request_id} cannot be sent")
         for req in engine.step():
             wr = inflight.pop(req.request_id)
-            replies[wr.request_id] = list(req.output_token_ids)
+            replies[wr.index] = list(req.output_token_ids)
             rows.append(request_row(label, wr, req))
             if len(rows) % 10 == 0:
                 log(f"  {label}: {len(rows)}/{len(requests)} requests ({time.perf_counter() - t0:.0f} s)")

@@ -124,7 +124,7 @@ def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict
 
     runner = SimulatedRunner(inner, cost, clock, next_tokens)
     engine = make_runner_engine(runner, settings, cfg.eviction or PLACEMENT_SETTINGS[cfg.policy]["eviction"],
-                                lambda p: cost.row_flops(0, p), clock)
+                                cost.snapshot_flops, clock)
     return engine
 
 

@@ -86,6 +86,10 @@ class MooncakeTrace:
                 load_reply=lambda line=line: expand(REPLY, line.index, np.arange(line.output_length),
                                                     self.vocab_size))
 
+    def describe(self) -> dict:
+        """The source as data: the trace file, its reading, the token id range."""
+        return {"name": self.name, "trace_file": self.path.name, "reading": self.reading, "vocab_size": self.vocab_size}
+
     def _prompt(self, line: "_Line", lines: list["_Line"]) -> np.ndarray:
         """The prompt's token ids: one expansion call over the chain's segments (module docstring)."""
         chain = [line]

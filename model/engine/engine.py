@@ -29,6 +29,7 @@ import torch
 
 from kernels.checks import require
 from model.batch import BatchOutput, SequenceChunk
+from model.cost import ModelCost
 from model.engine.model_runner import ModelRunner
 from model.engine.placeholder_runner import PlaceholderRunner
 from model.engine.runner import Runner
@@ -144,11 +145,12 @@ class Engine:
         `settings` are flat keywords of `SchedulerConfig` (block_size, prefill_budget,
         max_batch_size, num_kv_blocks, policy, snapshot_interval_blocks, ...) and `EngineConfig`
         (capture_mode, snapshot_byte_budget, keep_prompt_logits, decode_snapshots).
+        `snapshot_flops` defaults to the model's cost model (`model.cost.ModelCost.snapshot_flops`).
         """
         config = EngineConfig.from_settings(**settings)
         s = config.scheduler
         runner = ModelRunner(model, model.allocate_cache(s.num_kv_blocks, s.block_size, s.max_batch_size))
-        return cls(runner, config, eviction, snapshot_flops, clock)
+        return cls(runner, config, eviction, snapshot_flops or ModelCost(model.config).snapshot_flops, clock)
 
     @classmethod
     def for_placeholder(cls, *, vocab_size: int = 64, snapshot_nbytes: int = 1 << 20,
