@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 from experiments.results_io import parse_shard
 from model.config import PRESETS, HybridConfig
 from model.loading import INDEX_FILE, SINGLE_FILE
-from planner.prefill_plan import POLICIES
+from planner.policies.registry import POLICIES
 
 Check = Callable[[str], object]
 
@@ -165,7 +165,7 @@ def require_block_of_budget(ap: argparse.ArgumentParser, budget: int, block_size
                  f"budget + {slots} tokens and admits a prompt only with a whole block of them), got {budget}")
 
 
-CHUNK_POLICIES = tuple(sorted(POLICIES))  # the planner's registry (planner.prefill_plan.get_policy)
+CHUNK_POLICIES = tuple(sorted(POLICIES))  # the planner's registry (planner.policies.registry)
 
 # One torch thread. With 2 threads, each op's OpenMP barrier waits for whichever thread another
 # process has descheduled: at load ~3.5 on the 2-core machine a 28-token warm replay took 2.5 s
@@ -190,4 +190,4 @@ def add_model_flags(ap: argparse.ArgumentParser, dtypes=("float32", "bfloat16"),
 
 def add_policy_flag(ap: argparse.ArgumentParser, what: str) -> None:
     ap.add_argument("--policy", default="aligned", choices=CHUNK_POLICIES,
-                    help=f"chunk policy (planner.prefill_plan registry) {what} (default aligned)")
+                    help=f"placement policy (planner.policies.registry) {what} (default aligned)")

@@ -10,7 +10,7 @@
 * one request: `serve`, and what a cold request and its warm repeat record (`cold_record`,
   `warm_record`); the seed's figures (`SEED_FIGURES`);
 Snapshot evictions are resolved by name in the planner (`planner.eviction.get_eviction`, the
-same shape as the chunk-policy registry `planner.prefill_plan.get_policy`).
+same shape as the placement-policy registry `planner.policies.registry.get_policy`).
 """
 
 from __future__ import annotations

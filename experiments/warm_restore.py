@@ -45,7 +45,7 @@ from experiments.warm_restore_report import BASELINE, plot, ratio_key, report
 from model.batch import SequenceChunk
 from model.engine import Engine, ModelRunner
 from model.hybrid import HybridLM
-from planner.prefill_plan import POLICIES
+from planner.policies.registry import POLICIES
 
 CURVE_POINTS = (1, 4, 20, 64, 256, 1024, 4096, 8195)
 
@@ -162,7 +162,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=RESULTS / "warm_restore", help="output folder")
     add_model_flags(ap)
     ap.add_argument("--policy", default="aligned", choices=sorted(set(POLICIES) - {BASELINE}),
-                    help="chunk policy compared with legacy (planner.prefill_plan registry; default aligned)")
+                    help="placement policy compared with legacy (planner.policies.registry; default aligned)")
     ap.add_argument("--repeats", type=int_in_range(1), default=5,
                     help="warm requests per policy, interleaved in pairs (min, median and spread)")
     ap.add_argument("--prompt-len", type=int_in_range(21), default=SEED_SHAPE["prompt_len"],

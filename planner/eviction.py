@@ -3,7 +3,7 @@ learned-value eviction (ours-plus: GreedyDual over FLOPs spared x a restore chan
 and Belady's MIN for the offline optimum.
 
 `EVICTION_POLICIES` maps a name to a policy class, the same shape as the chunk policies'
-`planner.prefill_plan.POLICIES`: `get_eviction("flop_aware", alpha=0.5)`.
+`planner.policies.registry.POLICIES`: `get_eviction("flop_aware", alpha=0.5)`.
 
 LRU (`planner.snapshot_store.LRUEviction`) drops the snapshot used longest ago. In a hybrid
 model that is a poor proxy for value: every snapshot of one model has the same size (preset

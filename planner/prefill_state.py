@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from kernels.checks import require
-from planner.prefill_plan import ChunkPlan, ChunkPolicy, PlanContext, plan_chunk
+from planner.policies.base import PlacementPolicy, PlanContext
+from planner.prefill_plan import ChunkPlan, plan_chunk
 from planner.prefix_cache import KVLease
 
 
@@ -47,7 +48,7 @@ class PrefillState:
     def is_done(self) -> bool:
         return self.remaining == 0
 
-    def plan_next(self, budget: int, block_size: int, interval: int, policy: ChunkPolicy | str,
+    def plan_next(self, budget: int, block_size: int, interval: int, policy: PlacementPolicy | str,
                   ctx: PlanContext | None = None) -> ChunkPlan:
         """The next chunk given at most `budget` tokens this tick (budget >= 1)."""
         if self.is_done:

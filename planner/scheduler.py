@@ -22,7 +22,10 @@ import dataclasses
 
 from kernels.checks import require
 from planner.block_pool import BlockPool, append_block_hashes, extend_block_hashes
-from planner.prefill_plan import ChunkPlan, ChunkPolicy, PlanContext, check_interval, get_policy
+from planner.policies.aligned import check_interval
+from planner.policies.base import PlacementPolicy, PlanContext
+from planner.policies.registry import get_policy
+from planner.prefill_plan import ChunkPlan
 from planner.prefill_state import PrefillState
 from planner.prefix_cache import PrefixCache
 from planner.request import Request, RequestStatus
@@ -37,7 +40,7 @@ class SchedulerConfig:
     prefill_budget: int = 8192
     max_batch_size: int = 1
     num_kv_blocks: int = 4096
-    policy: str = "aligned"  # a name of planner.prefill_plan.POLICIES ("aligned": the fix; "legacy": before it)
+    policy: str = "aligned"  # a name of planner.policies.registry.POLICIES ("aligned": the fix; "legacy": before it)
     snapshot_interval_blocks: int = 0  # also snapshot non-last chunk ends at multiples of this many blocks
     enable_prefix_caching: bool = True
     ssm_snapshots: bool = True  # the model has SSM layers: a warm start needs a snapshot
@@ -53,7 +56,7 @@ class SchedulerConfig:
         get_policy(self.policy)
 
     @property
-    def chunk_policy(self) -> ChunkPolicy:
+    def chunk_policy(self) -> PlacementPolicy:
         """The policy `policy` names (resolved by the planner's registry, `get_policy`)."""
         return get_policy(self.policy)
 

@@ -183,8 +183,8 @@ def test_the_checker_finds_every_kind_of_violation():
 WORKLOADS_MAY_IMPORT = ("experiments.workloads", "experiments.results_io")
 
 
-def experiments_imports(source: str, importer: str, is_package: bool = False) -> list[tuple[int, str]]:
-    """(line, module) of every import of an `experiments` module in one module's source."""
+def project_imports(source: str, importer: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, module) of every import of a project module in one module's source."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -193,7 +193,12 @@ def experiments_imports(source: str, importer: str, is_package: bool = False) ->
             base = _resolve_from(node, importer, is_package)
             found += [(node.lineno, f"{base}.{a.name}" if _is_module(f"{base}.{a.name}", REPO) else base)
                       for a in node.names]
-    return [(line, m) for line, m in found if m.split(".")[0] == "experiments"]
+    return [(line, m) for line, m in found if layer_of(m) is not None]
+
+
+def experiments_imports(source: str, importer: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, module) of every import of an `experiments` module in one module's source."""
+    return [(line, m) for line, m in project_imports(source, importer, is_package) if m.split(".")[0] == "experiments"]
 
 
 def study_imports(source: str, importer: str, is_package: bool = False) -> list[str]:
@@ -213,3 +218,32 @@ def test_the_workload_package_imports_no_study():
         "1: experiments.traces.simulate"]
     assert study_imports("from .request import WorkloadRequest\nfrom experiments import results_io\n",
                          "experiments.workloads.x") == []
+
+
+# The placement policies sit below the planning that applies them (prefill_plan, scheduler): a
+# policy module imports only other policy modules, the eviction names (the registry checks them)
+# and the argument check, so the registry cannot be filled by an import cycle; and the package's
+# __init__ imports nothing, so no policy registers itself as a side effect of an import.
+POLICIES_MAY_IMPORT = ("planner.policies", "planner.eviction", "kernels.checks")
+
+
+def outside_imports(source: str, importer: str, allowed: tuple[str, ...], is_package: bool = False) -> list[str]:
+    return [f"{line}: {m}" for line, m in dict.fromkeys(project_imports(source, importer, is_package))
+            if not any(m == a or m.startswith(a + ".") for a in allowed)]
+
+
+def test_the_policies_package_imports_nothing_above_it():
+    root = REPO / "planner" / "policies"
+    found = [f"{p.relative_to(REPO)}:{v}" for p in sorted(root.rglob("*.py"))
+             for v in outside_imports(p.read_text(), module_name(p, REPO), POLICIES_MAY_IMPORT,
+                                      p.name == "__init__.py")]
+    assert not found, "planner/policies imports the planning above it:\n" + "\n".join(found)
+    init = root / "__init__.py"
+    assert project_imports(init.read_text(), "planner.policies", True) == [], "planner/policies/__init__.py imports"
+    # the check itself: an import of the planning above fires (either form), a policy's own pass
+    assert outside_imports("from planner.prefill_plan import plan_chunk\n", "planner.policies.x",
+                           POLICIES_MAY_IMPORT) == ["1: planner.prefill_plan"]
+    assert outside_imports("import planner.scheduler\n", "planner.policies.x", POLICIES_MAY_IMPORT) == [
+        "1: planner.scheduler"]
+    assert outside_imports("from .base import PlanContext\nfrom kernels.checks import require\n",
+                           "planner.policies.x", POLICIES_MAY_IMPORT) == []

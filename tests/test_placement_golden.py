@@ -5,10 +5,10 @@ each row), never pasted from our output.
 
 Where each rule comes from:
 * `legacy`, `aligned`: the brief's pinned semantics (BRIEF section 2) and the
-  `planner.prefill_plan` module docstring. L = (n-1)//bs*bs is the last boundary under n, the
+  `planner.policies.aligned` module docstring. L = (n-1)//bs*bs is the last boundary under n, the
   split point L-bs (none when <= 0).
-* `vllm-align`, `vllm-junction`: vLLM 0.32's rules as `planner.placements` states them (its
-  docstrings of `vllm_checkpoint_position`, `vllm_checkpoint_in_forward`, `_vllm_chunk_len` and
+* `vllm-align`, `vllm-junction`: vLLM 0.32's rules as `planner.policies.vllm` states them (its
+  docstrings of `vllm_checkpoint_position`, `vllm_checkpoint_in_forward`, `vllm_chunk_len` and
   the policies' `source`): checkpoint C = floor((n-1)/unit)*unit; in-forward export when the
   chunk starts on a unit, start + unit <= C, start < C < end and ceil(end/block) - 2 >
   (start-1)//block; non-last ends floored to the block; stops at floor((n-1)/block)*block
@@ -22,7 +22,7 @@ Where each rule comes from:
 * `marconi`: the Marconi paper (arXiv 2411.19379) as the policy's `source` reads it: a state at
   the branch point (the KV match) only, a chunk stop.
 * `ours-plus`, `optimum`: `aligned`, plus the junction captured in-launch; ours-plus also
-  captures speculatively every ceil(2048/bs)*bs tokens (`placements` comment and `source`).
+  captures speculatively every ceil(2048/bs)*bs tokens (`planner.policies.ours_plus` and its `source`).
 
 The junction (vllm-junction, trtllm, marconi, ours-plus, optimum) is the KV match exactly when
 restore_at < kv_match < n. At admission the scheduler keeps the marks and speculative marks in
@@ -35,13 +35,12 @@ from __future__ import annotations
 import pytest
 
 from model.engine import Engine
-from planner.placements import (
-    OURS_PLUS_GRID_TOKENS,
-    TRTLLM_PERIOD_TOKENS,
-    vllm_checkpoint_in_forward,
-    vllm_checkpoint_position,
-)
-from planner.prefill_plan import PlanContext, get_policy, plan_prompt
+from planner.policies.base import PlanContext
+from planner.policies.ours_plus import OURS_PLUS_GRID_TOKENS
+from planner.policies.registry import get_policy
+from planner.policies.trtllm import TRTLLM_PERIOD_TOKENS
+from planner.policies.vllm import vllm_checkpoint_in_forward, vllm_checkpoint_position
+from planner.prefill_plan import plan_prompt
 
 
 def row(rid, total, block, budget, *, ends, snaps, captures=None, kv=0, restore=0, interval=0,

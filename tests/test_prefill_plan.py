@@ -3,20 +3,18 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.prefill_plan import (
-    POLICIES,
+from planner.policies.aligned import (
     check_interval,
-    get_policy,
     is_checkpoint_chunk_end,
     is_prompt_tail_end,
     last_block_boundary,
     last_chunk_capture_offsets,
-    plan_chunk,
     plan_chunk_len,
-    plan_chunk_len_legacy,
-    plan_prompt,
     tail_split_point,
 )
+from planner.policies.legacy import plan_chunk_len_legacy
+from planner.policies.registry import POLICIES, get_policy
+from planner.prefill_plan import plan_chunk, plan_prompt
 
 INCIDENT = dict(total=32772, block_size=16)
 

@@ -12,14 +12,12 @@ from experiments.traces.simulate import SimConfig, simulate
 from experiments.workloads import MooncakeTrace
 from experiments.workloads.mooncake import TRACES
 from model.engine import Engine
-from planner.placements import (
-    PLACEMENT_SETTINGS,
-    TRTLLM_PERIOD_TOKENS,
-    vllm_checkpoint_in_forward,
-    vllm_checkpoint_position,
-    vllm_hybrid_block,
-)
-from planner.prefill_plan import POLICIES, PlanContext, plan_chunk, plan_prompt
+from planner.eviction import EVICTION_POLICIES
+from planner.policies.base import PlanContext
+from planner.policies.registry import POLICIES
+from planner.policies.trtllm import TRTLLM_PERIOD_TOKENS
+from planner.policies.vllm import vllm_checkpoint_in_forward, vllm_checkpoint_position, vllm_hybrid_block
+from planner.prefill_plan import plan_chunk, plan_prompt
 
 PEERS = ("legacy", "aligned", "vllm-align", "vllm-junction", "sglang", "trtllm", "marconi", "ours-plus")
 
@@ -27,8 +25,10 @@ PEERS = ("legacy", "aligned", "vllm-align", "vllm-junction", "sglang", "trtllm",
 def test_every_policy_is_registered_with_its_source_and_engine_settings():
     for name in PEERS:
         assert POLICIES[name].name == name and POLICIES[name].source, name
-        assert name in PLACEMENT_SETTINGS, name
-    assert set(PLACEMENT_SETTINGS) == set(POLICIES)
+    for policy in POLICIES.values():  # every policy carries its engine defaults
+        assert policy.kv_block in ("kv", "vllm", "vllm-state"), policy
+        assert policy.decode_grid in (None, "block", "state", "kernel"), policy
+        assert policy.eviction in EVICTION_POLICIES and isinstance(policy.needs_oracle, bool), policy
 
 
 def test_vllm_padded_block_at_bamba_9b():

@@ -22,7 +22,7 @@ from experiments.traces.goals import check as check_goals, markdown as goal_tabl
 from experiments.traces.sweep import NAME, load_requests, points_for, run_on_ray, run_points, summarize, write_ttfts
 from experiments.workloads import READINGS, WORKLOADS, default_reading
 from planner.eviction import EVICTION_POLICIES
-from planner.placements import PLACEMENT_SETTINGS
+from planner.policies.registry import POLICIES
 
 
 def budget_list(text: str) -> list[float | None]:
@@ -51,8 +51,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--reading", type=name_list(READINGS), default=None,
                     help="comma-separated readings (Mooncake: as-given, chains; default as-given; sharegpt, "
                          "synthetic: chains)")
-    ap.add_argument("--policies", type=name_list(sorted(PLACEMENT_SETTINGS)), required=True,
-                    help=f"comma-separated placement policies, of {', '.join(sorted(PLACEMENT_SETTINGS))}")
+    ap.add_argument("--policies", type=name_list(sorted(POLICIES)), required=True,
+                    help=f"comma-separated placement policies, of {', '.join(sorted(POLICIES))}")
     ap.add_argument("--budget-gb", type=budget_list, default=[None],
                     help="snapshot memory budgets in GB, comma-separated ('inf': unbounded; default inf)")
     ap.add_argument("--eviction", choices=sorted(EVICTION_POLICIES), default=None,

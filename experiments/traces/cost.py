@@ -23,7 +23,7 @@ from typing import Sequence
 from kernels.checks import require
 from model.config import PRESETS, HybridConfig
 from model.cost import ModelCost
-from planner.placements import vllm_hybrid_block
+from planner.policies.vllm import vllm_hybrid_block
 
 DTYPE_BYTES = 2  # bf16
 SHAPES = {"bamba-9b": "bamba-9b", "granite-4.0-h-small": "granite-4.0-h-small", "nemotron-h-8b": "nemotron-h-8b"}

@@ -31,8 +31,7 @@ from kernels.checks import require
 from model.engine import Engine
 from model.engine.placeholder_runner import PlaceholderRunner
 from planner.eviction import EVICTION_POLICIES, NextUseEviction
-from planner.placements import PLACEMENT_SETTINGS
-from planner.prefill_plan import get_policy
+from planner.policies.registry import get_policy
 
 GB = 1e9
 RUNNERS = ("hash", "placeholder")
@@ -51,13 +50,12 @@ class SimConfig:
     kv_pool_gb: float = 60.0  # KV memory, the same for every policy and budget
     time_scale: float = 1.0  # arrivals at arrival_s * time_scale
     runner: str = "hash"
-    eviction: str | None = None  # None: the policy's own (PLACEMENT_SETTINGS); a name overrides it
+    eviction: str | None = None  # None: the policy's own (`get_policy(policy).eviction`); a name overrides it
 
     def __post_init__(self):
         get_policy(self.policy)
         require(self.eviction is None or self.eviction in EVICTION_POLICIES, "eviction",
                 f"must be one of {sorted(EVICTION_POLICIES)} or None, got {self.eviction!r}")
-        require(self.policy in PLACEMENT_SETTINGS, "policy", f"has no engine settings: {self.policy!r}")
         require(self.budget_gb is None or self.budget_gb >= 0, "budget_gb", f"must be >= 0 or None, got {self.budget_gb}")
         require(self.kv_pool_gb > 0, "kv_pool_gb", f"must be > 0, got {self.kv_pool_gb}")
         require(self.time_scale > 0, "time_scale", f"must be > 0, got {self.time_scale}")
@@ -65,21 +63,21 @@ class SimConfig:
 
     def engine_settings(self, cost: ShapeCost) -> dict:
         """The flat engine settings this policy runs with (its block, decode states, budget)."""
-        s = PLACEMENT_SETTINGS[self.policy]
+        policy = get_policy(self.policy)
         block, state_block = self.block_size, 0
         vllm = -(-cost.vllm_block // self.block_size) * self.block_size
-        if s["block"] == "vllm":
+        if policy.kv_block == "vllm":
             block = vllm
-        elif s["block"] == "vllm-state":
+        elif policy.kv_block == "vllm-state":
             state_block = vllm
         grid = {None: 0, "block": 0, "state": state_block or block,
-                "kernel": -(-max(cost.kernel_chunk, block) // block) * block}[s["decode_grid"]]
+                "kernel": -(-max(cost.kernel_chunk, block) // block) * block}[policy.decode_grid]
         return dict(block_size=block, state_block=state_block, kernel_chunk=cost.kernel_chunk,
                     prefill_budget=self.prefill_budget, max_batch_size=self.max_batch_size,
                     num_kv_blocks=max(1, int(self.kv_pool_gb * GB / cost.kv_bytes_per_token) // block),
                     policy=self.policy, capture_mode="in_pass",
                     snapshot_byte_budget=None if self.budget_gb is None else int(self.budget_gb * GB),
-                    decode_snapshots=s["decode_grid"] is not None, decode_snapshot_grid=grid)
+                    decode_snapshots=policy.decode_grid is not None, decode_snapshot_grid=grid)
 
 
 @dataclasses.dataclass
@@ -123,7 +121,7 @@ def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict
         return out
 
     runner = SimulatedRunner(inner, cost, clock, next_tokens)
-    engine = make_runner_engine(runner, settings, cfg.eviction or PLACEMENT_SETTINGS[cfg.policy]["eviction"],
+    engine = make_runner_engine(runner, settings, cfg.eviction or get_policy(cfg.policy).eviction,
                                 cost.snapshot_flops, clock)
     return engine
 

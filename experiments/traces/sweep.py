@@ -17,7 +17,7 @@ from experiments.traces.oracle import optimum_marks, optimum_matches, optimum_us
 from experiments.traces.simulate import SimConfig, simulate
 from experiments.workloads import MooncakeTrace, open_workload
 from experiments.workloads.request import WorkloadRequest
-from planner.placements import PLACEMENT_SETTINGS
+from planner.policies.registry import get_policy
 
 NAME = "traces"
 METRICS = ("kv_hit_tokens", "ssm_hit_tokens", "lost_tokens", "replayed_tokens", "forwards", "snapshot_bytes_peak",
@@ -56,7 +56,7 @@ def measure_point(point: dict, config: dict) -> dict:
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
                     kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"], eviction=config.get("eviction"))
     marks = uses = None
-    if PLACEMENT_SETTINGS[cfg.policy].get("oracle"):
+    if get_policy(cfg.policy).needs_oracle:
         marks, uses = oracle_for(point["trace"], point["reading"], config["limit"], config.get("trace_file"),
                                  cfg.block_size)
     out = simulate(requests, cfg, marks, uses)
