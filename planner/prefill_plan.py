@@ -26,6 +26,10 @@ class ChunkPlan:
     total: int
     snapshot_at_end: bool  # a non-last chunk whose end saves an SSM snapshot
     capture_offsets: tuple[int, ...]  # in-chunk offsets whose state the chunk captures in its scan launch
+    # The positions among `snapshot_positions` that the policy's own chunk rules save (a saving
+    # chunk end, a last chunk's captures), whatever marks also asked for them: such a save is never
+    # speculative, even where it lands on a speculative grid (ours-plus's tail split point at 2048).
+    rule_positions: tuple[int, ...] = ()
 
     @property
     def end(self) -> int:
@@ -59,10 +63,12 @@ def plan_chunk(
         inside = []
     end = offset + length
     if end < total:
-        snap = policy.saves_snapshot(end, total, ctx) or end in marks
-        return ChunkPlan(offset, length, total, snap, tuple(m - offset for m in sorted(inside)))
-    captures = set(policy.last_captures(offset, length, total, ctx)) | {m - offset for m in inside}
-    return ChunkPlan(offset, length, total, False, tuple(sorted(captures)))
+        by_rule = policy.saves_snapshot(end, total, ctx)
+        return ChunkPlan(offset, length, total, by_rule or end in marks, tuple(m - offset for m in sorted(inside)),
+                         (end,) if by_rule else ())
+    by_rule = set(policy.last_captures(offset, length, total, ctx))
+    captures = by_rule | {m - offset for m in inside}
+    return ChunkPlan(offset, length, total, False, tuple(sorted(captures)), tuple(sorted(offset + o for o in by_rule)))
 
 
 def plan_prompt(

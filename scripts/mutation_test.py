@@ -4,6 +4,8 @@ fail a test?
     .venv/bin/python scripts/mutation_test.py                      # every target, report to runs/mutation/
     .venv/bin/python scripts/mutation_test.py --paths planner/eviction.py --jobs 2
     .venv/bin/python scripts/mutation_test.py --out results/mutation   # publish the report
+    .venv/bin/python scripts/mutation_test.py --rerun results/mutation/report.json --out results/mutation
+                                                                   # after adding tests: survivors only
 
 Each mutant is one small change at one place (operators below). A mutant is *killed* when a test
 that calls the mutated function fails (or times out), *survives* when they all pass, and is
@@ -17,7 +19,8 @@ the first test; with ~1,500 mutants on two cores that is an hour of imports. Thi
 the tests once, records which test calls which function (one profiled run), then forks the
 collected session per mutant, swaps the mutated function's code object into the live function
 (`f.__code__`), and runs only the tests that call it, fastest first, stopping at the first
-failure. A mutant outside any function (a module constant, a class attribute, a settings table)
+failure. A mutant gets at most 5 s of those tests (their baseline time; tests slower than 1.5 s,
+the end-to-end studies, are left out): what survives that is a rule no unit test pins. A mutant outside any function (a module constant, a class attribute, a settings table)
 runs in a fresh interpreter with the mutated module served by an import hook: slower, but few.
 
 Operators: comparison swaps (< <=, > >=, == !=, in / not in, is / is not), arithmetic swaps
@@ -42,14 +45,15 @@ import time
 import types
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_PATHS = ("planner", "model/engine", "experiments/traces/cost.py")
+DEFAULT_PATHS = ("planner", "model/engine", "model/cost.py", "experiments/traces/cost.py")
 # The tests that can reach the targets (the kernel and model-numerics tests cannot); a mutant runs
-# only those of them that executed its line in the traced baseline.
+# only those of them that called its function in the profiled baseline.
 DEFAULT_TESTS = (
     "tests/test_prefill_plan.py", "tests/test_placement_golden.py", "tests/test_eviction.py",
     "tests/test_eviction_rules.py", "tests/test_snapshot_store.py", "tests/test_scheduler.py",
     "tests/test_block_pool.py", "tests/test_traces.py", "tests/test_engine_model.py",
-    "tests/test_engine_rules.py", "tests/test_cost_rules.py", "tests/test_reference_simulator.py",
+    "tests/test_engine_rules.py", "tests/test_cost_rules.py", "tests/test_cost_model.py",
+    "tests/test_policies.py", "tests/test_reference_simulator.py",
     "tests/test_multiturn.py", "tests/test_checkpoint_dp.py", "tests/test_warm_restore.py",
     "tests/test_ablations.py", "tests/test_step_host_syncs.py", "tests/test_pad_slots.py",
     "tests/test_workloads.py", "tests/test_peer_vllm.py", "tests/test_layering.py",
@@ -266,6 +270,7 @@ class MutationPlugin:
         self.baseline_failed: list[str] = []
         self.items: list = []
         self.durations: dict[int, float] = {}
+        self.kept: list[dict] = []  # --rerun: the previous report's non-survivors, unchanged
 
     # the profiled baseline: which test calls which function of a target file (calls, not lines:
     # a line tracer made the trace-study tests ~30x slower)
@@ -325,18 +330,34 @@ class MutationPlugin:
                     tests = set().union(*(self.calls.get((rel, k), set()) for k in inner))
                 else:  # module level, or a function no live object holds: a fresh interpreter
                     tests = any_call
-                tests = sorted((i for i in tests if self.durations[i] <= self.args.max_test_s), key=self.durations.get)
+                tests = self._budgeted(tests)
                 self.mutants.append(mutant)
                 if not tests:
                     mutant.status = "uncovered"
                     continue
                 work.append((mutant, index, chosen, tests))
+        if self.args.rerun:  # only the previous report's survivors; the others keep their status
+            previous = {m["id"]: m for m in self.args.previous["survivors"]}
+            work = [w for w in work if w[0].id in previous]
+            kept = [m for m in self.args.previous["mutants"] if m["id"] not in previous]
+            self.kept = kept
         if self.args.limit:
             work = work[: self.args.limit]
         print(f"{len(self.mutants)} mutants, {len(work)} covered; running with {self.args.jobs} jobs",
               file=sys.__stderr__, flush=True)
         self._run_all(work, items, live)
         return True
+
+    def _budgeted(self, tests) -> list[int]:
+        """The covering tests fastest first, none slower than --max-test-s, until their baseline
+        seconds reach --test-budget-s (the first one always runs)."""
+        chosen, spent = [], 0.0
+        for i in sorted((i for i in tests if self.durations[i] <= self.args.max_test_s), key=self.durations.get):
+            if chosen and spent + self.durations[i] > self.args.test_budget_s:
+                break
+            chosen.append(i)
+            spent += self.durations[i]
+        return sorted(chosen)  # in collection order: neighbours share module fixtures
 
     def _timeout(self, tests) -> float:
         per_test = sum(TEST_TIMEOUT_FACTOR * self.durations[i] + TEST_TIMEOUT_S for i in tests)
@@ -374,7 +395,9 @@ class MutationPlugin:
                 signal.signal(signal.SIGALRM, alarm)
                 for n, i in enumerate(tests):
                     signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_FACTOR * self.durations[i] + TEST_TIMEOUT_S)
-                    items[i].ihook.pytest_runtest_protocol(item=items[i], nextitem=None)
+                    # the next test of the run as nextitem: fixtures it shares stay set up
+                    nextitem = items[tests[n + 1]] if n + 1 < len(tests) else None
+                    items[i].ihook.pytest_runtest_protocol(item=items[i], nextitem=nextitem)
                     signal.setitimer(signal.ITIMER_REAL, 0)
                     if recorder.failed:
                         kind = "timeout" if timed_out else "killed"
@@ -452,8 +475,12 @@ def load_equivalent() -> dict[str, str]:
     return json.loads(EQUIVALENT_FILE.read_text())
 
 
-def report(mutants: list[Mutant], baseline_failed: list[str], args, seconds: float) -> dict:
+def report(mutants: list[Mutant], baseline_failed: list[str], args, seconds: float, kept=()) -> dict:
     equivalent = load_equivalent()
+    if args.rerun:  # the survivors run again, and every other mutant as the previous report had it
+        again = {m["id"] for m in args.previous["survivors"]}
+        mutants = [m for m in mutants if m.id in again] + \
+            [Mutant(**{k: v for k, v in m.items() if k != "id"}, function=None) for m in kept]
     counts: dict[str, int] = {}
     for m in mutants:
         m_status = "equivalent" if m.id in equivalent and m.status in ("survived", "uncovered") else m.status
@@ -469,11 +496,13 @@ def report(mutants: list[Mutant], baseline_failed: list[str], args, seconds: flo
         "command": "python scripts/mutation_test.py " + " ".join(sys.argv[1:]),
         "paths": list(args.paths), "tests": list(args.tests), "seconds": round(seconds, 1),
         "score": round(dead / considered, 4) if considered else None,
-        "max_test_s": args.max_test_s, "counts": counts, "per_file": per_file, "baseline_failed": baseline_failed,
+        "max_test_s": args.max_test_s, "test_budget_s": args.test_budget_s, "counts": counts, "per_file": per_file, "baseline_failed": baseline_failed,
         "source_digest": hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in args.files)).hexdigest()[:16],
         "survivors": [dataclasses.asdict(m) | {"id": m.id, "equivalent": equivalent.get(m.id)}
                       for m in mutants if m.status in ("survived", "uncovered")],
         "errors": [dataclasses.asdict(m) | {"id": m.id} for m in mutants if m.status == "error"],
+        "mutants": [{"id": m.id, **{k: v for k, v in dataclasses.asdict(m).items() if k != "function"}}
+                    for m in sorted(mutants, key=lambda m: (m.path, m.line, m.col, m.operator))],
     }
 
 
@@ -499,10 +528,16 @@ def main(argv=None) -> int:
     parser.add_argument("-k", dest="keyword", default="not triton",
                         help="pytest -k expression: the Triton interpreter's runs cover no planner line that the "
                              "torch backend's do not, and under the call profiler they take minutes each")
-    parser.add_argument("--max-test-s", type=float, default=3.0,
+    parser.add_argument("--max-test-s", type=float, default=1.5,
                         help="leave out tests slower than this in the baseline (end-to-end studies): a surviving "
                              "mutant runs every test that calls its function, and a rule should be pinned by a "
                              "unit test of its own")
+    parser.add_argument("--test-budget-s", type=float, default=5.0,
+                        help="baseline seconds of covering tests one mutant may run (fastest first): a survivor "
+                             "of the fastest 5 s is a rule no unit test pins")
+    parser.add_argument("--rerun", metavar="REPORT",
+                        help="run only the survivors of this report.json again (after adding tests); the "
+                             "other mutants keep their status in the new report")
     parser.add_argument("--limit", type=int, default=0, help="run only the first N covered mutants (0: all)")
     parser.add_argument("--out", default="runs/mutation", help="folder for report.json (results/mutation publishes)")
     args = parser.parse_args(argv)
@@ -511,6 +546,13 @@ def main(argv=None) -> int:
     if args.limit < 0:
         parser.error(f"--limit must be >= 0, got {args.limit}")
     args.files = _files(args.paths)
+    args.previous = None
+    if args.rerun:
+        try:
+            args.previous = json.loads(pathlib.Path(args.rerun).read_text())
+            args.previous["survivors"], args.previous["mutants"]  # noqa: B018 - the keys this needs
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--rerun {args.rerun!r}: not a report of this script ({type(exc).__name__}: {exc})")
     tests = [t for t in args.tests if (ROOT / t.split("::")[0]).exists()]
     missing = sorted(set(args.tests) - set(tests))
     if missing:
@@ -530,7 +572,7 @@ def main(argv=None) -> int:
     if not plugin.mutants:
         print(f"error: no mutants were run (pytest exit {code})", file=sys.stderr)
         return 2
-    result = report(plugin.mutants, plugin.baseline_failed, args, time.time() - t0)
+    result = report(plugin.mutants, plugin.baseline_failed, args, time.time() - t0, plugin.kept)
     result["slow_tests_left_out"] = sorted(plugin.items[i].nodeid for i, d in plugin.durations.items()
                                            if d > args.max_test_s)
     (out / "report.json").write_text(json.dumps(result, indent=1) + "\n")

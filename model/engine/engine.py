@@ -36,6 +36,7 @@ from model.engine.runner import Runner
 from model.engine.two_pass import run_in_passes
 from model.hybrid import HybridLM
 from planner.eviction import get_eviction
+from planner.prefill_plan import ChunkPlan
 from planner.request import Request
 from planner.scheduler import ScheduledRow, Scheduler, SchedulerConfig
 from planner.snapshot_store import EvictionPolicy, SnapshotStore
@@ -107,6 +108,21 @@ def to_chunks(rows: Sequence[ScheduledRow], capture_mode: str) -> list[SequenceC
     views = tokens.split([len(row.token_ids) for row in rows])
     return [to_chunk(row, () if row.is_decode or capture_mode == "none" else row.plan.capture_offsets, ids)
             for row, ids in zip(rows, views)]
+
+
+def prefill_origin(req: Request, plan: ChunkPlan, position: int) -> str:
+    """Why a prefill save is there (`planner.snapshot_store.ORIGINS`): an offline driver's mark, the
+    policy's admission mark (a junction), its own chunk rule, and only when nothing else asked for
+    it a speculative mark (free memory only). ours-plus's tail capture at 2048 sits on its
+    speculative grid too: labelled speculative it was declined by a full LRU store, and the
+    identical repeat replayed the whole prompt (tests/test_reference_simulator.py)."""
+    if position in req.snapshot_marks:
+        return "oracle"
+    if position in req.marked_positions:
+        return "mark"
+    if position in req.speculative_positions and position not in plan.rule_positions:
+        return "speculative"
+    return "chunk"
 
 
 class Engine:
@@ -269,13 +285,9 @@ class Engine:
         if plan.snapshot_at_end:
             saves.append((plan.end, self.runner.read_state(req.slot)))
         for position, state in saves:
-            self._save(req, position, state)
+            self._save(req, position, state, prefill_origin(req, plan, position))
 
-    def _save(self, req: Request, position: int, state: Any, origin: str | None = None) -> None:
-        if origin is None:  # a prefill save: which of the plan's reasons put it there
-            origin = ("speculative" if position in req.speculative_positions
-                      else "oracle" if position in req.snapshot_marks
-                      else "mark" if position in req.marked_positions else "chunk")
+    def _save(self, req: Request, position: int, state: Any, origin: str) -> None:
         if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
                                flops_saved=self.snapshot_flops(position), origin=origin):
             req.metrics.snapshot_positions.append(position)
