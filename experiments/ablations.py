@@ -32,8 +32,9 @@ Point-specific measurements:
 The block size, budget and interval sweeps use a 16388-token prompt (16384 + 4, the incident's
 shape at half length); `--prompt-len 32772` runs them at the incident's full length.
 
-Output per sweep: `<out>/<sweep>.csv` (one row per measured request kind), `<out>/<sweep>.json`
-(config, environment per shard, failures), `<out>/<sweep>.png` plotted from the CSV
+Output per sweep: `<out>/<sweep>.csv` (one row per measured request kind, with the settings its
+engine ran under, `effective_settings`), `<out>/<sweep>.json` (config, environment per shard,
+failures, `effective_settings` per policy), `<out>/<sweep>.png` plotted from the CSV
 (`experiments.ablation_plots`). With `--shard i/n` a run measures every n-th point and writes
 `<out>/parts/<sweep>.part<i>of<n>.json`; `--merge` combines the parts and plots (a 1/1 run
 merges by itself).
@@ -53,10 +54,10 @@ from experiments import ablation_plots, sweep_parts
 from experiments.flags import (add_model_flags, add_policy_flag, int_in_range, int_list, name_list,
                                require_block_of_budget, shard_spec)
 from experiments.results_io import RESULTS, log
-from experiments.runs import (FP32_LOGIT_TOL, ModelLoadError, build_model, cold_record, dense_serve, make_engine,
-                              max_abs_diff, random_prompt, serve, set_threads, warm_record, warm_up)
+from experiments.runs import (FP32_LOGIT_TOL, ModelLoadError, build_model, cold_record, dense_serve, max_abs_diff,
+                              random_prompt, serve, set_threads, warm_record, warm_up)
 from experiments.sweep_parts import PointFailed
-from model.engine import CAPTURE_MODES
+from model.engine import CAPTURE_MODES, Engine
 from model.hybrid import HybridLM
 
 
@@ -114,8 +115,8 @@ class ReferenceLogits:
     def __call__(self, prompt: list[int], block_size: int, budget: int):
         key = (tuple(prompt), block_size, budget)
         if key not in self.cache:
-            sched = dense_serve(block_size, budget, [len(prompt)], enable_prefix_caching=False)
-            engine = make_engine(self.model, sched)
+            settings = dense_serve(block_size, budget, [len(prompt)], enable_prefix_caching=False)
+            engine = Engine.for_model(self.model, keep_prompt_logits=True, **settings)
             req = serve(engine, prompt, "reference")
             self.cache[key] = (engine.prompt_logits["reference"], req.output_token_ids[0])
         return self.cache[key]
@@ -138,13 +139,22 @@ def consistent(records: list[dict], keys: tuple[str, ...], what: str) -> dict:
     return {k: one_value([r[k] for r in records], f"{what} {k}") for k in keys}
 
 
-def serve_identical(model: HybridLM, p: dict, args, prompt: list[int], sched) -> tuple[dict, object, tuple, int]:
+def point_engine(model: HybridLM, p: dict, prompt_lens: list[int]) -> Engine:
+    """A fresh engine for one point: the seed's dense serve at the point's block, budget, policy,
+    interval and capture mode (the policy's engine defaults applied by `Engine.for_model`), its KV
+    pool holding every listed prompt."""
+    settings = dense_serve(p["block_size"], p["budget"], prompt_lens, p["policy"], p["interval_blocks"])
+    return Engine.for_model(model, capture_mode=p["capture_mode"], keep_prompt_logits=True, **settings)
+
+
+def serve_identical(model: HybridLM, p: dict, args, prompt: list[int], prompt_lens: list[int]
+                    ) -> tuple[dict, Engine, tuple, int]:
     """Cold request(s) and identical warm repeats: the point's row 0 fields, the last engine,
     (snapshots, bytes) held after the cold request, and the number of cold requests."""
     cold_repeats, warm_repeats = (args.repeats, 1) if p["sweep"] == "capture" else (1, args.repeats)
     colds, warms, held, engine = [], [], [], None
     for _ in range(cold_repeats):
-        engine = make_engine(model, sched, p["capture_mode"])
+        engine = point_engine(model, p, prompt_lens)
         cold = serve(engine, prompt, "cold")
         colds.append(cold)
         held.append((len(engine.snapshots), engine.snapshots.bytes_held))
@@ -205,12 +215,11 @@ def measure(model: HybridLM, p: dict, args, reference: ReferenceLogits) -> list[
     prompt = random_prompt(total, vocab, seed=args.seed * 1_000_003 + total)
     shared = [(k, r, prompt[:k] + random_prompt(p["suffix_len"], vocab, seed=args.seed * 7919 + k * 31 + r))
               for k in p.get("shared_prefixes", []) for r in range(args.repeats)]
-    sched = dense_serve(p["block_size"], p["budget"], [total, total] + [len(s[2]) for s in shared], p["policy"],
-                        p["interval_blocks"])
-    row, engine, held, cold_repeats = serve_identical(model, p, args, prompt, sched)
+    prompt_lens = [total, total] + [len(s[2]) for s in shared]
+    row, engine, held, cold_repeats = serve_identical(model, p, args, prompt, prompt_lens)
     base = {k: v for k, v in p.items() if k != "shared_prefixes"} | {
         "preset": args.model, "dtype": args.dtype, "device": args.device, "seed": args.seed,
-        "repeats": args.repeats, "cold_repeats": cold_repeats}
+        "repeats": args.repeats, "cold_repeats": cold_repeats, "effective_settings": engine.effective_settings}
     return [base | r for r in [row] + serve_shared(engine, shared, p, reference, held)]
 
 

@@ -16,7 +16,8 @@ Scenarios, each request served alone with one output token (TTFT = the whole cal
   trace (chains reading) whose prompts are all <= `--mooncake-max-prompt` tokens, in arrival order.
 vLLM runs in each configuration of `--vllm-configs` (`VLLM_CONFIGS`), each its own process, all
 started before the first measurement. Then `probes`: the settings the workarounds avoid, each
-run once so that its failure (or success) is data. Writes results/peer_vllm/{peer_vllm.json,
+run once so that its failure (or success) is data. Our engine's settings as it ran are recorded
+per policy (`effective_settings`). Writes results/peer_vllm/{peer_vllm.json,
 peer_vllm.png, README.md} (`experiments.peer_vllm_report`).
 """
 
@@ -38,14 +39,13 @@ import torch
 from experiments import peer_vllm_report
 from experiments.flags import add_model_flags, int_in_range, name_list
 from experiments.results_io import RESULTS, environment, log, write_json
-from experiments.runs import (build_model, machine_load, make_engine, model_summary, random_prompt, serve,
-                              set_threads)
+from experiments.runs import build_model, machine_load, model_summary, random_prompt, serve, set_threads
 from experiments.workloads import open_workload
 from kernels.checks import require
 from model.config import PRESETS
+from model.engine import Engine
 from model.hybrid import HybridLM
 from model.loading import from_preset, save_pretrained
-from planner.scheduler import SchedulerConfig
 
 WORKER = Path(__file__).resolve().parent / "peer_vllm_worker.py"
 DEFAULT_VLLM_VENV_PYTHON = Path("/work/venv-vllm/bin/python")
@@ -194,8 +194,8 @@ class OursPeer:
     """Our engine over the checkpoint, with the same request/record shape as `VllmPeer`."""
 
     def __init__(self, model: HybridLM, num_kv_blocks: int):
-        sched = SchedulerConfig(num_kv_blocks=num_kv_blocks, **OUR_ENGINE)
-        self.engine = make_engine(model, sched, capture_mode="in_pass", keep_prompt_logits=True)
+        self.engine = Engine.for_model(model, num_kv_blocks=num_kv_blocks, capture_mode="in_pass",
+                                       keep_prompt_logits=True, **OUR_ENGINE)
         self.count = 0
 
     def run(self, requests: list[dict]) -> list[dict]:
@@ -441,6 +441,7 @@ def measure(args, workdir: Path) -> dict:
             result["raw"][name]["ours_state"] = systems["ours"].state_bytes()
             log(f"{name}: {result['raw'][name]['seconds']:.0f} s")
         result["ours_state"] = systems["ours"].state_bytes()
+        result["effective_settings"] = {OUR_ENGINE["policy"]: systems["ours"].engine.effective_settings}
         result["measure_seconds"] = time.perf_counter() - t0
     finally:
         for p in peers.values():

@@ -185,7 +185,7 @@ def shape(raw: dict) -> dict:
         for c in (per.get("continuation") or {}).values():
             c.pop("logprobs_all", None)
     return {k: raw[k] for k in ("config", "environment", "model", "checkpoint", "machine_load", "probes",
-                                "measure_seconds", "our_dtype_check") if k in raw} | {
+                                "measure_seconds", "our_dtype_check", "effective_settings") if k in raw} | {
         "systems": systems, "agreement": agree, "greedy_tokens_identical": ident,
         "mean_recomputed_tokens": {s: systems[s]["scenarios"].get("random_lengths", {}).get("mean_recomputed_tokens")
                                    for s in systems} | {f"vllm:{n}": c["scenarios"].get("random_lengths", {}).get(

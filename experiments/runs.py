@@ -1,12 +1,15 @@
 """Shared pieces of the model experiments (warm_restore, ablations, multiturn, plan_incident).
 
 * the model: `build_model` from a preset name or a checkpoint folder, `model_config` without weights;
-* engines: `make_engine` is the one place experiments construct an engine over the model
-  (`make_placeholder_engine` the one over the model-free placeholder runner);
-  every measured configuration gets a fresh one (its own KV pool and state slots), so nothing
-  cached by one configuration leaks into the next; `warm_up` runs one short prompt first, so
-  one-time costs (allocator growth, thread-pool start, first-shape kernels) do not land in the
-  first measured point;
+* engines: experiments build every engine through `Engine.for_model`, `Engine.for_placeholder`
+  or `Engine.for_runner` (the placement policy's engine defaults applied in one place,
+  `model.engine.settings.resolve_settings`; explicit settings win), and record what it ran under
+  as `effective_settings` (`Engine.effective_settings`). `dense_serve` gives the seed's dense
+  serve as flat settings (its KV pool sized at the policy's block, `kv_blocks_for`). Every measured
+  configuration gets a fresh engine (its own KV pool and state slots), so nothing cached by one
+  configuration leaks into the next; `warm_up` runs one short prompt first, so one-time costs
+  (allocator growth, thread-pool start, first-shape kernels) do not land in the first measured
+  point;
 * one request: `serve`, and what a cold request and its warm repeat record (`cold_record`,
   `warm_record`); the seed's figures (`SEED_FIGURES`);
 Snapshot evictions are resolved by name in the planner (`planner.eviction.get_eviction`, the
@@ -15,12 +18,12 @@ same shape as the placement-policy registry `planner.policies.registry.get_polic
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import os
 import random
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -31,8 +34,6 @@ from model.engine import Engine
 from model.hybrid import HybridLM
 from model.loading import from_preset, load_pretrained
 from planner.request import Request
-from planner.scheduler import SchedulerConfig
-from planner.snapshot_store import EvictionPolicy
 
 # one letter per layer, as the results have written it: Mamba M, attention A, MLP-only -, MoE-only E
 LAYER_SYMBOLS = {"mamba": "M", "attention": "A", "mlp": "-", "moe": "E"}
@@ -103,35 +104,6 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ------------------------------------------------------------------------------------------ engines
-def make_engine(model: HybridLM, sched: SchedulerConfig, capture_mode: str = "in_pass",
-                snapshot_byte_budget: int | None = None, eviction: EvictionPolicy | None = None,
-                snapshot_flops: Callable[[int], float] | None = None, keep_prompt_logits: bool = True,
-                decode_snapshots: bool = False) -> Engine:
-    return Engine.for_model(model, eviction=eviction, snapshot_flops=snapshot_flops, capture_mode=capture_mode,
-                            snapshot_byte_budget=snapshot_byte_budget, keep_prompt_logits=keep_prompt_logits,
-                            decode_snapshots=decode_snapshots, **dataclasses.asdict(sched))
-
-
-def make_placeholder_engine(sched: SchedulerConfig, snapshot_byte_budget: int | None = None,
-                            eviction: EvictionPolicy | None = None,
-                            snapshot_flops: Callable[[int], float] | None = None, keep_prompt_logits: bool = False,
-                            decode_snapshots: bool = False, vocab_size: int = 64) -> Engine:
-    """The same engine over the model-free placeholder runner: every planner figure exact, no model."""
-    return Engine.for_placeholder(vocab_size=vocab_size, eviction=eviction, snapshot_flops=snapshot_flops,
-                                  snapshot_byte_budget=snapshot_byte_budget, keep_prompt_logits=keep_prompt_logits,
-                                  decode_snapshots=decode_snapshots, **dataclasses.asdict(sched))
-
-
-def make_runner_engine(runner, settings: dict, eviction: str | None = None,
-                       snapshot_flops: Callable[[int], float] | None = None,
-                       clock: Callable[[], float] | None = None) -> Engine:
-    """The engine over any runner (the trace simulator's), from flat engine settings."""
-    from model.engine.engine import EngineConfig
-
-    kwargs = {} if clock is None else {"clock": clock}
-    return Engine(runner, EngineConfig.from_settings(**settings), eviction, snapshot_flops, **kwargs)
-
-
 def kv_blocks_for(prompt_lens: Sequence[int], block_size: int, slack: int = 16) -> int:
     """A KV pool that holds every listed prompt at once: no KV block is ever evicted, so the
     prefix match is decided by the planner alone."""
@@ -139,11 +111,12 @@ def kv_blocks_for(prompt_lens: Sequence[int], block_size: int, slack: int = 16) 
 
 
 def dense_serve(block_size: int, budget: int, prompt_lens: Sequence[int], policy: str = "aligned",
-                interval: int = 0, **kw) -> SchedulerConfig:
-    """The seed's dense serve: one slot, a KV pool holding every listed prompt."""
-    return SchedulerConfig(block_size=block_size, prefill_budget=budget, max_batch_size=1,
-                           num_kv_blocks=kv_blocks_for(prompt_lens, block_size), policy=policy,
-                           snapshot_interval_blocks=interval, **kw)
+                interval: int = 0, **kw) -> dict:
+    """The seed's dense serve as flat engine settings (for `Engine.for_model` / `for_placeholder`):
+    one slot, a KV pool holding every listed prompt at the KV block the policy runs on."""
+    return dict(block_size=block_size, prefill_budget=budget, max_batch_size=1,
+                num_kv_blocks=functools.partial(kv_blocks_for, tuple(prompt_lens)), policy=policy,
+                snapshot_interval_blocks=interval, **kw)
 
 
 def serve(engine: Engine, prompt: Sequence[int], request_id: str, max_new_tokens: int = 1,
@@ -175,7 +148,7 @@ def warm_record(warm: Request) -> dict:
 
 
 def warm_up(model: HybridLM, tokens: int = 512) -> None:
-    engine = make_engine(model, dense_serve(16, 8192, [tokens]))
+    engine = Engine.for_model(model, **dense_serve(16, 8192, [tokens]))
     t0 = time.perf_counter()
     serve(engine, random_prompt(tokens, model.config.vocab_size, seed=12345), "warm-up", max_new_tokens=2)
     log(f"warm-up: {tokens} tokens + 1 decode in {time.perf_counter() - t0:.2f} s")

@@ -6,7 +6,8 @@ a killed shard keeps what it finished. A part records the whole point list, the 
 config and environment, the rows it measured, and the points that failed their correctness
 check (those rows are never written). `merge` reads the parts of one sweep, refuses unless
 every point of the list was measured by exactly one shard, and writes `<name>.csv` (rows) and
-`<name>.json` (config, environments, failures); figures are plotted from that CSV.
+`<name>.json` (config, environments, failures, and per policy the `effective_settings` its rows
+record); figures are plotted from that CSV.
 
 `run_shard` is the one measuring loop (the ablations' points, the multi-turn configurations):
 it measures this shard's points, records a point whose `measure` raises `PointFailed` as failed,
@@ -135,9 +136,21 @@ def merge(out: Path, name: str) -> dict:
     parts, rows, failed = collect(out, name)
     write_csv(Path(out) / f"{name}.csv", [csv_row(r) for r in rows])
     meta = {"name": name, "config": parts[0]["config"], "points": parts[0]["points"], "shards": len(parts),
-            "environments": [p["environment"] for p in parts], "failed_points": failed, "rows": len(rows)}
+            "environments": [p["environment"] for p in parts], "failed_points": failed, "rows": len(rows),
+            "effective_settings": settings_by_policy(rows)}
     write_json(Path(out) / f"{name}.json", meta)
     return meta
+
+
+def settings_by_policy(rows: Sequence[dict]) -> dict[str, list[dict]]:
+    """Per policy, the distinct `effective_settings` its rows ran under, in row order (a sweep may
+    run one policy at several blocks or evictions); rows without them are left out."""
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        settings = row.get("effective_settings")
+        if settings is not None and settings not in out.setdefault(row["policy"], []):
+            out[row["policy"]].append(settings)
+    return {p: s for p, s in out.items() if s}
 
 
 def csv_row(row: dict) -> dict:

@@ -20,6 +20,8 @@ Then the forward time of n replayed tokens at the end of the same context is mea
 n and fitted as a + b*n, which explains our ratio next to the seed's 12.5 s / 0.2 s = 62.5.
 
 `--model` is a preset name (model.config.PRESETS; `--preset` is an alias) or a checkpoint folder.
+The JSON records what each policy's engine ran under (`effective_settings`: its KV block, state
+block, decode-state grid, eviction; `Engine.effective_settings`).
 Writes results/warm_restore/{warm_restore.json, warm_restore.png, README.md} (or `--out`); the
 figure and the report are drawn from the JSON (`experiments.warm_restore_report`, `--replot`).
 """
@@ -39,7 +41,7 @@ import torch
 from experiments.flags import add_model_flags, int_in_range, require_block_of_budget
 from experiments.results_io import RESULTS, environment, log, write_json, write_text
 from experiments.runs import (SEED_FIGURES, SEED_SHAPE, ModelLoadError, build_model, cold_record, dense_serve,
-                              machine_load, make_engine, max_abs_diff, model_summary, random_prompt, serve,
+                              machine_load, max_abs_diff, model_summary, random_prompt, serve,
                               set_threads, warm_record, warm_up)
 from experiments.warm_restore_report import BASELINE, plot, ratio_key, report
 from model.batch import SequenceChunk
@@ -52,9 +54,10 @@ CURVE_POINTS = (1, 4, 20, 64, 256, 1024, 4096, 8195)
 
 # ------------------------------------------------------------------------------------------ measuring
 def policy_engine(model: HybridLM, policy: str, args) -> Engine:
-    """The seed's dense serve: one slot, the prompt's blocks plus slack, in-pass captures."""
-    sched = dense_serve(args.block_size, args.budget, [args.prompt_len], policy, args.interval)
-    return make_engine(model, sched, capture_mode="in_pass", keep_prompt_logits=True)
+    """The seed's dense serve: one slot, the prompt's blocks plus slack, in-pass captures; the
+    policy's engine defaults (its KV block, decode states, eviction) applied by `Engine.for_model`."""
+    settings = dense_serve(args.block_size, args.budget, [args.prompt_len], policy, args.interval)
+    return Engine.for_model(model, capture_mode="in_pass", keep_prompt_logits=True, **settings)
 
 
 def policy_result(engine: Engine, cold, warms: list) -> dict:
@@ -188,6 +191,7 @@ def measure(model: HybridLM, args) -> dict:
               "environment": environment(args.device), "model": model_summary(model), "seed_figures": SEED_FIGURES}
     policies, engines, order = measure_policies(model, prompt, args)
     result |= policies
+    result["effective_settings"] = {p: engines[p].effective_settings for p in engines}
     result["warm_order"] = order
     h = headline(result[BASELINE], result[args.policy])
     result["warm_ttft_statistic"] = "min"

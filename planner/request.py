@@ -60,8 +60,9 @@ class Request:
     slot: int | None = None  # batch slot; also the row of the SSM/conv state pools
     prefill: PrefillState | None = None  # None once decoding (or while waiting)
     block_hashes: list[BlockHash] = dataclasses.field(default_factory=list)
-    # Positions this request's prefill must leave a snapshot at besides its policy's (an offline
-    # driver that knows which prefixes later requests will match sets them).
+    # Positions this request must leave a snapshot at besides its policy's, in its prefill, at its
+    # prompt end or in its reply (an offline driver that knows which prefixes later requests will
+    # match sets them: experiments.traces.oracle).
     snapshot_marks: tuple[int, ...] = ()
     # The policy's own marks at admission (a junction, say), and its speculative marks: saved only
     # into free snapshot memory unless the eviction policy admits them.

@@ -28,9 +28,14 @@ The rules it re-expresses, each from the docstring or code that states it:
   chunk (mark_mode "stop") or is captured in it ("capture"). A non-last chunk end saves when the
   policy's saves_snapshot says so or it is a mark; a last chunk captures the policy's
   last_captures plus its inside marks. Saves in position order, the chunk end last.
+* Oracle marks at the prompt end or in the reply (experiments/traces/oracle.py docstring,
+  model/engine/engine.py `_save_snapshots` / `_save_marked_decode_state`): the state after the
+  last chunk when the prompt end is a mark (after the chunk's own saves), and after each decode
+  row whose end is a mark (positions total + 1 .. total + reply - 1), saved as the row runs.
 * Decode-time states (model/engine/engine.py `_track_boundary_states` / `_save_boundary_state`):
   with decode snapshots on, the state after the last row (the last prefill chunk or a decode
-  token) whose end is a multiple of the decode grid (0 = the KV block) is saved at finish.
+  token) whose end is a multiple of the decode grid (0 = the KV block) is saved at finish, after
+  any oracle save (the same position twice is a duplicate, listed twice for the request).
 * Origin (`PlacementPolicy` docstring: speculative marks are the ones no request asked for): an
   oracle mark, else an admission mark, else "speculative" if only a speculative mark asked for it
   (not the policy's own chunk rule: ours-plus's tail capture can land on its 2048 grid), else
@@ -314,11 +319,11 @@ def decode_state_position(total: int, reply_len: int, grid: int) -> int | None:
 # ------------------------------------------------------------------ the oracle's marks
 def oracle_marks(trace: list, block: int) -> dict:
     """experiments/traces/oracle.py's docstring rule, re-expressed: request j matches the longest
-    prefix of its prompt, in whole blocks and capped to leave one token, that an earlier
-    sequence (prompt + whole reply) also had; the first request that had that prefix captures it
-    in its prefill when the position lies inside its prompt."""
+    prefix of its prompt, in whole blocks and capped to leave one token, that an earlier request
+    computed (prompt + reply without its last token); the first request that computed that
+    prefix marks the position, wherever it lies in its prompt or reply."""
     marks: dict = {}
-    sequences = [prompt + reply for prompt, reply in trace]
+    sequences = [prompt + reply[:-1] for prompt, reply in trace]
     for j, (prompt, _) in enumerate(trace):
         usable = (len(prompt) - 1) // block
         longest = max((common_prefix(prompt, sequences[i]) for i in range(j)), default=0)
@@ -326,8 +331,7 @@ def oracle_marks(trace: list, block: int) -> dict:
         if not matched:
             continue
         owner = min(i for i in range(j) if common_prefix(prompt, sequences[i]) >= matched)
-        if matched < len(trace[owner][0]):
-            marks.setdefault(owner, set()).add(matched)
+        marks.setdefault(owner, set()).add(matched)
     return {i: sorted(m) for i, m in marks.items()}
 
 
@@ -369,7 +373,8 @@ def simulate_reference(trace: list, settings: dict, snapshot_nbytes: int, evicti
         if restored is not None:
             store.restore(restored)
         own = {m for m in policy.marks(kv, start, total, ctx) if start < m < total}
-        oracle = {m for m in (snapshot_marks or {}).get(index, ()) if start < m < total}
+        requested = set((snapshot_marks or {}).get(index, ()))
+        oracle = {m for m in requested if start < m < total}
         speculative = {m for m in policy.speculative_marks(kv, start, total, ctx) if start < m < total} - own - oracle
         chunks = plan_chunks(policy, ctx, start, total, own | oracle | speculative, first_budget, later_budget)
         positions = []
@@ -383,6 +388,8 @@ def simulate_reference(trace: list, settings: dict, snapshot_nbytes: int, evicti
                 origin = ("oracle" if p in oracle else "mark" if p in own
                           else "speculative" if p in speculative and p not in chunk.by_rule else "chunk")
                 save(prompt, p, origin)
+        for m in sorted(m for m in requested if total <= m < total + len(reply)):  # prompt end, decode rows
+            save(prompt + reply, m, "oracle")
         if grid is not None:
             at = decode_state_position(total, len(reply), grid)
             if at is not None:

@@ -44,6 +44,12 @@ def test_prompt_length_sweep_scaled_incident_and_capture(tmp_path):
         assert r["cold_ttft_s"] > 0 and len(r["warm_ttft_s_all"]) == 2
     meta = json.loads((out / "prompt_len.json").read_text())
     assert meta["failed_points"] == [] and meta["environments"][0]["device"] == "cpu"
+    # one engine setting per policy (the capture mode is not one of them): block 4, the tiny
+    # model's kernel chunk 16, no decode state, LRU (legacy's and aligned's fields)
+    seed_engine = {"block_size": 4, "state_block": 0, "kernel_chunk": 16, "decode_snapshots": False,
+                   "decode_snapshot_grid": 0, "eviction": "lru"}
+    assert meta["effective_settings"] == {p: [{"policy": p} | seed_engine] for p in ("legacy", "aligned")}
+    assert got[(260, "aligned")]["effective_settings"] == {"policy": "aligned"} | seed_engine
 
 
 def test_interval_sweep_restores_at_the_deepest_checkpoint_under_a_partial_match(tmp_path):

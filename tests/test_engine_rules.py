@@ -106,6 +106,9 @@ def test_last_prefill_chunk_on_the_grid_is_the_next_turns_state(prompt_len, budg
 
 # ---------------------------------------------------------------- a junction on the speculative grid
 SNAPSHOT = 1000  # bytes of one placeholder snapshot
+# ours-plus's placement alone: its decode states off and LRU eviction, given explicitly (explicit
+# settings win over the policy's engine defaults, decode states on the block and learned-value eviction)
+OURS_PLUS = dict(policy="ours-plus", decode_snapshots=False, eviction="lru")
 
 
 @pytest.mark.parametrize("budget", [None, SNAPSHOT])
@@ -115,7 +118,7 @@ def test_junction_on_the_speculative_grid_is_a_mark(budget):
     B: A's first 2050 tokens + 50 new = 2100: KV match 2048, restore at 2016 (< 2048), so its
     junction mark is 2048, which is also the grid's first point; marks exclude it from the
     speculative ones. B replays [2016, 2100) in one chunk capturing 2048 (mark) and 2096 - 16 = 2080."""
-    eng = engine(policy="ours-plus", snapshot_byte_budget=budget, snapshot_nbytes=SNAPSHOT)
+    eng = engine(**OURS_PLUS, snapshot_byte_budget=budget, snapshot_nbytes=SNAPSHOT)
     a = run(eng, tokens(2040), 20)
     assert a.metrics.snapshot_positions == [2016]
     b = run(eng, a.all_token_ids[:2050] + tokens(50, first=9000), 1)
@@ -135,11 +138,11 @@ def test_a_grid_point_past_the_junction_stays_speculative():
     """A cold 2100-token prompt under ours-plus: its grid point 2048 is speculative (no KV match,
     so no junction), captured beside the tail capture at 2096 - 16 = 2080. With a budget of one
     snapshot the speculative save goes into the empty store, and the chunk capture evicts it."""
-    unbounded = engine(policy="ours-plus", snapshot_nbytes=SNAPSHOT)
+    unbounded = engine(**OURS_PLUS, snapshot_nbytes=SNAPSHOT)
     a = run(unbounded, tokens(2100), 1)
     assert a.metrics.snapshot_positions == [2048, 2080]
     assert dict(unbounded.snapshots.stats.saved_by_origin) == {"speculative": 1, "chunk": 1}
-    full = engine(policy="ours-plus", snapshot_byte_budget=SNAPSHOT, snapshot_nbytes=SNAPSHOT)
+    full = engine(**OURS_PLUS, snapshot_byte_budget=SNAPSHOT, snapshot_nbytes=SNAPSHOT)
     run(full, tokens(2100, first=3000), 1)
     run(full, tokens(2100, first=6000), 1)  # a second cold prompt: its 2048 finds the store full
     assert full.snapshots.stats.declined == 1 and full.snapshots.stats.saved_by_origin["speculative"] == 1

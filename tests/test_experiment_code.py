@@ -1,4 +1,4 @@
-"""House rules of experiments/: short functions, and engines built in one place (experiments/runs.py)."""
+"""House rules of experiments/: short functions, and engines built only through `Engine.for_*`."""
 
 import ast
 from pathlib import Path
@@ -26,16 +26,20 @@ def test_no_function_longer_than_80_lines():
     assert long == []
 
 
-def test_engines_are_constructed_only_in_runs():
-    """`runs.make_engine` (and `make_placeholder_engine`) are the one place an experiment builds an Engine."""
-    callers = []
+BUILDERS = {"for_model", "for_placeholder", "for_runner"}  # model.engine.Engine: the policy's defaults applied
+
+
+def test_engines_are_built_only_through_the_policy_aware_constructors():
+    """No experiment calls `Engine(...)` (which takes a config as given): every engine is built by
+    `Engine.for_model` / `for_placeholder` / `for_runner`, which apply the policy's engine defaults."""
+    direct, builders = [], set()
     for p in SOURCES:
         for node in ast.walk(ast.parse(p.read_text())):
             if not isinstance(node, ast.Call):
                 continue
-            func = node.func  # Engine(...), or Engine.for_model(...) / Engine.for_placeholder(...)
-            if isinstance(func, ast.Attribute) and func.attr.startswith("for_"):
-                func = func.value
-            if getattr(func, "id", getattr(func, "attr", None)) == "Engine":
-                callers.append(p.relative_to(EXPERIMENTS).as_posix())
-    assert set(callers) == {"runs.py"}
+            func = node.func
+            if isinstance(func, ast.Attribute) and getattr(func.value, "id", None) == "Engine":
+                builders.add(func.attr)
+            elif getattr(func, "id", None) == "Engine":
+                direct.append(p.relative_to(EXPERIMENTS).as_posix())
+    assert direct == [] and builders <= BUILDERS and {"for_model", "for_placeholder", "for_runner"} <= builders

@@ -131,6 +131,13 @@ def test_study_end_to_end_on_the_tiny_model(tmp_path):
             assert int(r["snapshots_evicted"]) == 0 and r["eviction"] == "none needed"
         kinds = sum(int(r[f"replayed_{k}"]) for k in KINDS)
         assert kinds == int(r["replayed_tokens"])
+    # What each configuration ran under: the policy's own eviction and decode states unless the
+    # configuration names them (aligned: LRU, none; "+decode" turns them on, on the KV block)
+    ran = meta["effective_settings"]
+    assert ran["aligned"]["eviction"] == "lru" and ran["aligned"]["decode_snapshots"] is False
+    assert ran["aligned+budget+flop"]["eviction"] == "flop_aware"
+    assert (ran["aligned+decode"]["decode_snapshots"], ran["aligned+decode"]["decode_snapshot_grid"]) == (True, 0)
+    assert {s["block_size"] for s in ran.values()} == {4} and ran["legacy"]["policy"] == "legacy"
     # Restore never goes past the KV match, per request.
     assert all(int(r["restore_at"]) <= int(r["kv_match_tokens"]) for r in requests)
     # The placeholder runner reproduces every planner figure (other tokens, same lengths and ticks).

@@ -128,8 +128,10 @@ def _raw(vllm_tokens=(7,), vllm_top=((7, -1.0), (8, -2.0))):
 
 
 def test_shape_figures_agreement_and_goals():
-    r = rep.shape(_raw() | {"our_dtype_check": {"tokens": 8, "float32_cold_s": 1.0, "bfloat16_cold_s": 3.0}})
-    assert r["our_dtype_check"]["bfloat16_cold_s"] == 3.0
+    ran = {"aligned": {"policy": "aligned", "block_size": 16}}
+    r = rep.shape(_raw() | {"our_dtype_check": {"tokens": 8, "float32_cold_s": 1.0, "bfloat16_cold_s": 3.0},
+                            "effective_settings": ran})
+    assert r["our_dtype_check"]["bfloat16_cold_s"] == 3.0 and r["effective_settings"] == ran
     o, v = r["systems"]["ours"]["scenarios"], r["systems"]["vllm"]["scenarios"]
     assert o["random_lengths"]["warm_recomputed_tokens"] == [24, 28] and o["random_lengths"]["mean_recomputed_tokens"] == 26
     assert v["random_lengths"]["warm_recomputed_tokens"] == [24, 28]  # prompt - num_cached_tokens

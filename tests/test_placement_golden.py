@@ -442,8 +442,9 @@ def test_engine_labels_a_junction_on_the_grid_as_a_mark():
     B shares them and goes on to 5000: KV match 2048, restore 2016, so the junction 2048 is a
     mark although it is also a grid point; the grid keeps 4096 as speculative; B captures 2048,
     4096 and its split 4976 in one launch from 2016."""
+    # the placement alone: ours-plus's decode states (a default of its engine) off, explicitly
     eng = Engine.for_placeholder(policy="ours-plus", block_size=16, prefill_budget=8192, num_kv_blocks=512,
-                                 max_batch_size=1)
+                                 max_batch_size=1, decode_snapshots=False)
     a = list(range(1, 2049))
     reqs = [eng.add_request(p, max_new_tokens=1) for p in (a, a + [9000 + i for i in range(2952)])]
     eng.run_until_done()

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from model.engine import Engine, EngineConfig
+from model.engine import Engine, EngineConfig, ModelShape
 from model.engine import PlaceholderRunner
 from planner.prefill_state import PrefillState
 from planner.prefix_cache import KVLease
@@ -264,7 +264,9 @@ def test_a_budget_sliver_does_not_admit_a_request_before_its_shared_prefix_is_pu
 def test_a_tick_budget_under_one_block_still_admits(policy):
     # Tick budget 8 + 2 = 10 under the 32-token block (vLLM's 528-token block with budget 256 at
     # Bamba-9B): the sliver rule must not hold a request back from a tick that runs no chunk.
-    eng = make_engine(block_size=32, prefill_budget=8, max_batch_size=2, num_kv_blocks=64, policy=policy)
+    # vllm-align runs on vLLM's padded block: a model whose padded block is 32 keeps it at 32
+    eng = make_engine(block_size=32, prefill_budget=8, max_batch_size=2, num_kv_blocks=64, policy=policy,
+                      shape=ModelShape(vllm_block=32, kernel_chunk=256))
     system = prompt(64, 3)
     a = eng.add_request(system + prompt(36, 4), 2, "a")
     b = eng.add_request(system + prompt(36, 5), 2, "b")

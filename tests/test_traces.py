@@ -192,6 +192,8 @@ def test_command_writes_the_summary(tmp_path):
                     "snapshots_saved", "snapshots_evicted", "ttft_s_p50", "ttft_s_p99", "forwards"):
             assert key in m and set(m["by_budget"]) == {"0.2", "unbounded"}
     assert s["policies"]["vllm-align"]["block_size"] == 528
+    ran = s["policies"]["vllm-align"]["effective_settings"]  # vLLM's padded block at Bamba-9B, decode on it
+    assert (ran["block_size"], ran["decode_snapshots"], ran["decode_snapshot_grid"]) == (528, True, 0)
 
 
 def test_command_names_a_bad_line(tmp_path, capsys):
@@ -212,7 +214,8 @@ def test_optimum_marks_restore_every_match_on_a_slice(tmp_path):
     path = _scaled_trace(tmp_path, n=60, scale=16)
     requests = list(MooncakeTrace(path, "chains").requests())
     marks = optimum_marks(requests)
-    assert marks and all(0 < m < requests[i].prompt_len for i, ms in marks.items() for m in ms)
+    # a mark lies in what its request computes: prompt + reply but its last token (oracle docstring)
+    assert marks and all(0 < m < requests[i].prompt_len + requests[i].output_len for i, ms in marks.items() for m in ms)
     cfg = dict(prefill_budget=512, max_batch_size=4, kv_pool_gb=1.0)
     best = simulate(requests, SimConfig("optimum", **cfg), marks)["metrics"]
     ours = simulate(requests, SimConfig("ours-plus", **cfg))["metrics"]

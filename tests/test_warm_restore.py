@@ -53,6 +53,11 @@ def test_scaled_incident_with_paired_repeats_and_machine_load(tmp_path):
     assert len(load["loadavg_start"]) == len(load["loadavg_end"]) == 3
     assert load["cpu_count"] >= 1 and load["torch_threads"] == 1  # the default: one thread
     assert result["config"]["preset"] == result["config"]["model"] == str(ckpt)
+    # what each engine ran under: block 4 as asked; legacy and aligned keep no decode state and
+    # evict LRU (their policies' fields); the kernel chunk is the tiny model's 16
+    seed_engine = {"block_size": 4, "state_block": 0, "kernel_chunk": 16, "decode_snapshots": False,
+                   "decode_snapshot_grid": 0, "eviction": "lru"}
+    assert result["effective_settings"] == {p: {"policy": p} | seed_engine for p in ("legacy", "aligned")}
     assert [p["replayed_tokens"] for p in result["replay_curve"]] == [1, 4, 20, 64, 256]
     assert (out / "warm_restore.png").is_file()
     readme = (out / "README.md").read_text()

@@ -14,7 +14,7 @@ from experiments.results_io import RESULTS, log
 from experiments.runs import ModelLoadError, build_model, model_config, set_threads, warm_up
 from experiments.workloads.synthetic import QUICK, SyntheticSessions, WorkloadConfig
 from model.cost import ModelCost
-from model.engine import PlaceholderRunner
+from model.engine import ModelShape, PlaceholderRunner
 from planner.eviction import EVICTION_POLICIES
 
 WORKLOAD_TYPES = {"user_median": float_in_range(0, lo_open=True), "user_sigma": float_in_range(0),
@@ -83,7 +83,7 @@ def chosen_configs(ap: argparse.ArgumentParser, args) -> list[RunConfig]:
 def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tuple[Study, SyntheticSessions, int]:
     """The model (or its FLOP model alone), the workload's requests, the shared settings; and the
     bytes of one snapshot."""
-    model = None
+    model = shape = None
     if args.runner == "model":
         try:
             model = build_model(args.model, args.device, args.seed)
@@ -93,12 +93,14 @@ def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tupl
         vocab, flops = model.config.vocab_size, ModelCost(model.config).snapshot_flops
         snapshot_nbytes = model.allocate_cache(1, args.block_size, 1).state_bytes_per_slot
     else:
-        # the model's FLOP model without its weights: the planner figures (not the TTFTs) match the model run's
-        vocab, flops = 64, ModelCost(model_config(args.model)).snapshot_flops
+        # the model's FLOP model and shape without its weights (float32, as the model runs here): the
+        # planner figures (not the TTFTs) match the model run's, on the same blocks
+        config = model_config(args.model)
+        vocab, flops, shape = 64, ModelCost(config).snapshot_flops, ModelShape.of(config, dtype_bytes=4)
         snapshot_nbytes = PlaceholderRunner(1, 1, args.block_size).snapshot_nbytes
     source = SyntheticSessions(wcfg, vocab)
     study = Study(list(source.requests()), args.block_size, args.prefill_budget, args.interval, args.concurrency,
-                  args.snapshot_budget * snapshot_nbytes, flops, args.flop_alpha, model, vocab)
+                  args.snapshot_budget * snapshot_nbytes, flops, args.flop_alpha, model, vocab, shape)
     d = source.describe()
     log(f"workload: {d['n_requests']} requests, {len(source.sessions)} sessions, system prompt "
         f"{d['system_prompt_tokens']} tokens, {d['n_branch_sessions']} branches, {d['n_regenerations']} "

@@ -3,7 +3,8 @@
 `finalize(out)` combines `<out>/parts/multiturn.part*.json`, checks that every configuration
 generated the same tokens as the reference (`off` when it ran), and writes `requests.csv` (one
 row per request and configuration), `summary.csv` (one row per configuration), `multiturn.json`
-(workload definition and distributions, config, environment) and `multiturn.png`; on a failure
+(workload definition and distributions, config, environment, and per configuration the settings
+its engine ran under, `effective_settings`, whose `policy` names the policy) and `multiturn.png`; on a failure
 it writes none of them (and removes stale ones). `plot(out)` redraws the figure from the files.
 """
 
@@ -46,6 +47,7 @@ def finalize(out: Path) -> int:
         "snapshot_nbytes": cfg["snapshot_nbytes"], "kv_pool_blocks": cfg["kv_pool_blocks"],
         "outputs_identical_across_configs": True, "reference_config": ref_name,
         "configs_run": [r["config"] for r in rows],
+        "effective_settings": {r["config"]: r["effective_settings"] for r in rows if "effective_settings" in r},
     }
     write_json(out / "multiturn.json", meta)
     write_csv(out / "requests.csv", [q for r in rows for q in r["request_rows"]])

@@ -8,10 +8,15 @@ differently. The KV pool holds every request's prompt and reply at once, so no K
 evicted and the token hit rate is the same for all cached configurations: SSM snapshots decide
 the rest.
 
+Every engine applies the policy's engine defaults (its KV block, decode-state grid, eviction:
+`model.engine.settings`); a configuration's explicit eviction or decode states win, and each
+summary row records what its engine ran under (`effective_settings`).
+
 Configurations (`configs_for(policy, evictions)`; the defaults, aligned and lru,flop_aware, give
 these 9):
 * `off`: prefix caching off (the reference: every prompt computed from token 0);
-* `legacy` / `aligned` with unbounded snapshot memory (no eviction, so the eviction is moot);
+* `legacy` / `aligned` with unbounded snapshot memory (no eviction, so the eviction is moot: the
+  policy's own);
 * `legacy` / `aligned` x `lru` / `flop_aware` (named `flop`) with a snapshot byte budget of
   `snapshot_budget` snapshots, which forces evictions;
 * `aligned+decode` (unbounded) and `aligned+decode+budget+lru`: the engine also keeps the state at
@@ -35,24 +40,25 @@ from typing import Callable
 
 from experiments import sweep_parts
 from experiments.results_io import log
-from experiments.runs import kv_blocks_for, make_engine, make_placeholder_engine
+from experiments.runs import kv_blocks_for
 from experiments.workloads.request import KINDS, ReplyPending, WorkloadRequest
-from model.engine import Engine
+from model.engine import Engine, ModelShape
 from model.hybrid import HybridLM
 from planner.eviction import get_eviction
-from planner.scheduler import SchedulerConfig
 
 NAME = "multiturn"
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
+    """One configuration; None keeps the policy's own engine default (`model.engine.settings`)."""
+
     name: str
     policy: str
     caching: bool = True
     snapshot_budget: bool = False  # bounded by the study's snapshot byte budget
-    eviction: str = "lru"  # a planner.eviction.EVICTION_POLICIES name (only matters when bounded)
-    decode_snapshots: bool = False  # also keep the state at the last block boundary of each reply
+    eviction: str | None = None  # a planner.eviction.EVICTION_POLICIES name (only matters when bounded)
+    decode_snapshots: bool | None = None  # True: also keep the state at the last grid point of each reply
 
 
 EVICTION_SHORT = {"flop_aware": "flop"}  # in configuration names
@@ -89,25 +95,34 @@ class Study:
     flop_alpha: float = 1.0
     model: HybridLM | None = None  # None: the model-free placeholder runner
     vocab_size: int = 64
+    shape: ModelShape | None = None  # the placeholder's: the model it stands in for (its policies' blocks)
+
+    def kv_blocks(self, block_size: int) -> int:
+        """Every request's prompt and reply at once, nothing shared: no KV block is ever evicted."""
+        return kv_blocks_for([r.prompt_len + r.output_len for r in self.requests], block_size, slack=64)
 
     @property
     def kv_pool_blocks(self) -> int:
-        """Every request's prompt and reply at once, nothing shared: no KV block is ever evicted."""
-        return kv_blocks_for([r.prompt_len + r.output_len for r in self.requests], self.block_size, slack=64)
+        """`kv_blocks` at the study's block (a policy on a larger block gets a pool of its own block)."""
+        return self.kv_blocks(self.block_size)
 
 
 def engine_for(study: Study, cfg: RunConfig) -> Engine:
-    sched = SchedulerConfig(block_size=study.block_size, prefill_budget=study.prefill_budget,
-                            max_batch_size=study.concurrency, num_kv_blocks=study.kv_pool_blocks, policy=cfg.policy,
-                            snapshot_interval_blocks=study.interval, enable_prefix_caching=cfg.caching)
-    eviction = get_eviction(cfg.eviction, **({"alpha": study.flop_alpha} if cfg.eviction == "flop_aware" else {}))
+    """A fresh engine for one configuration: the policy's engine defaults (its KV block, decode
+    states, eviction) applied by `Engine.for_model` / `for_placeholder`, the configuration's
+    explicit choices over them."""
+    eviction = cfg.eviction
+    if eviction == "flop_aware":
+        eviction = get_eviction(eviction, alpha=study.flop_alpha)
     # caching off: a zero budget rejects every save (the snapshots could never be used)
     budget = 0 if not cfg.caching else (study.snapshot_budget_bytes if cfg.snapshot_budget else None)
+    settings = dict(block_size=study.block_size, prefill_budget=study.prefill_budget, max_batch_size=study.concurrency,
+                    num_kv_blocks=study.kv_blocks, policy=cfg.policy, snapshot_interval_blocks=study.interval,
+                    enable_prefix_caching=cfg.caching, capture_mode="in_pass", snapshot_byte_budget=budget,
+                    eviction=eviction, decode_snapshots=cfg.decode_snapshots, snapshot_flops=study.flops)
     if study.model is not None:
-        return make_engine(study.model, sched, "in_pass", budget, eviction, study.flops, keep_prompt_logits=False,
-                           decode_snapshots=cfg.decode_snapshots)
-    return make_placeholder_engine(sched, budget, eviction, study.flops, decode_snapshots=cfg.decode_snapshots,
-                                   vocab_size=study.vocab_size)
+        return Engine.for_model(study.model, keep_prompt_logits=False, **settings)
+    return Engine.for_placeholder(shape=study.shape, vocab_size=study.vocab_size, **settings)
 
 
 def request_row(label: str, wr: WorkloadRequest, req) -> dict:
@@ -183,6 +198,7 @@ def summarize(cfg: RunConfig, engine: Engine, rows: list[dict], budget_bytes: in
         "snapshots_restored": st.restored, "snapshot_bytes_held_end": engine.snapshots.bytes_held,
         "snapshot_bytes_held_peak": peak_bytes,
         "generated_tokens": sum(r["generated_tokens"] for r in rows), "wall_s": wall_s,
+        "effective_settings": engine.effective_settings,
     } | {f"replayed_{k}": sum(r["replayed_tokens"] for r in rows if r["kind"] == k) for k in KINDS} \
       | {f"requests_{k}": sum(r["kind"] == k for r in rows) for k in KINDS}
 
@@ -201,8 +217,8 @@ def run_configs(study: Study, configs: list[RunConfig], config: dict, out: Path,
     def one(idx: int, point: dict) -> list[dict]:
         cfg = configs[idx]
         engine = engine_for(study, cfg)
-        log(f"config {cfg.name}: policy {cfg.policy}, caching {cfg.caching}, snapshot budget "
-            f"{study.snapshot_budget_bytes if cfg.snapshot_budget else 'unbounded'}, eviction {cfg.eviction}")
+        log(f"config {cfg.name}: caching {cfg.caching}, snapshot budget "
+            f"{study.snapshot_budget_bytes if cfg.snapshot_budget else 'unbounded'}, {engine.effective_settings}")
         t0 = time.perf_counter()
         rows, peak = replay(engine, study.requests, study.concurrency, cfg.name)
         wall = time.perf_counter() - t0

@@ -2,8 +2,8 @@
 (`planner.checkpoint_dp`) against fixed placements, offline and static.
 
 Every request of the trace that a later request matches (its *owner*, `oracle.optimum_matches`:
-the first sequence, prompt + reply, that had the matched prefix, at the engine's 16-token KV
-block, with an unbounded KV cache) gets at most M checkpoints. Each later match restores at the
+the first sequence, prompt + reply but its last token (what its KV holds), that had the matched
+prefix, at the engine's 16-token KV block, with an unbounded KV cache) gets at most M checkpoints. Each later match restores at the
 deepest checkpoint at or below it. Restored tokens are reported against the matched tokens (the
 most any placement restores). Placements, all given the owners (which no online policy knows):
 

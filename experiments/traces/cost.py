@@ -23,7 +23,7 @@ from typing import Sequence
 from kernels.checks import require
 from model.config import PRESETS, HybridConfig
 from model.cost import ModelCost
-from planner.policies.vllm import vllm_hybrid_block
+from model.engine.settings import ModelShape
 
 DTYPE_BYTES = 2  # bf16
 SHAPES = {"bamba-9b": "bamba-9b", "granite-4.0-h-small": "granite-4.0-h-small", "nemotron-h-8b": "nemotron-h-8b"}
@@ -111,10 +111,15 @@ class ShapeCost:
         return self.counts.snapshot_flops(position)
 
     # the roofline ---------------------------------------------------------------------------------
+    @functools.cached_property
+    def model_shape(self) -> ModelShape:
+        """What the policies' engine defaults read of this shape (vLLM's block, the kernel chunk), in bf16."""
+        return ModelShape.of(self.counts.config, DTYPE_BYTES)
+
     @property
     def vllm_block(self) -> int:
         """vLLM 0.32's padded hybrid block for this shape (16-token attention kernel block)."""
-        return vllm_hybrid_block(self.state_bytes_layer, self.kv_bytes_per_token_layer)
+        return self.model_shape.vllm_block
 
     @functools.cached_property
     def _attention_per_key(self) -> float:

@@ -1,14 +1,23 @@
-"""The offline optimum's capture positions: where, in whose prefill, a later request will match.
+"""The offline optimum's capture positions: where, in whose run, a later request will match.
 
 Knowing the whole trace, request j's KV match with an unbounded KV cache is the longest prefix of
-its prompt, in whole KV blocks and capped to leave one token, that some earlier sequence (prompt
-+ reply) also had. The first request o that had that prefix computed it; a snapshot there, taken
-during o's prefill (or, inside o's reply, by its decode-time state), lets j restore exactly at its
-match. `optimum_marks` gives, per request index, the positions of its own prompt to capture.
+its prompt, in whole KV blocks and capped to leave one token, that some earlier request computed:
+its prompt + reply without the reply's last token (the last sampled token is never fed back, so
+the KV never holds it). The first request o that computed that prefix leaves a snapshot there,
+and j restores exactly at its match. `optimum_marks` gives, per request index, every such
+position of its own computed sequence (its `Request.snapshot_marks`): inside its prefill the
+planner captures it (strictly inside (restore point, prompt end)); at its prompt end or inside
+its reply the engine saves the state after the row that ends there (the last prefill chunk, a
+decode row), on top of the decode-time state it keeps at finish (one per request, at the last
+decode-grid point only, which a match elsewhere in the reply or at the prompt end would miss).
 
 With unbounded snapshot memory and a KV cache that keeps everything, restoring every match is
 the most any placement can reach, so the policy that captures these positions (`optimum`) is the
 upper bound of the Sparse Prefix Caching (arXiv 2605.05219) dynamic program's objective there.
+The matches assume each owner has finished when its follower arrives; one that arrives while
+its owner still decodes matches only the blocks computed so far, a position set by the
+schedule's timing that no mark foresees (the first 1,000 Mooncake conversation requests read as
+chains have one such request: 1,632 of 2.5 million KV-hit tokens lost, unbounded).
 
 Under a snapshot budget the problem is no longer that paper's: its program places M checkpoints in
 one retained entry for a known distribution of overlap depths, while here entries come and go
@@ -34,14 +43,15 @@ from planner.block_pool import hash_full_blocks
 
 
 def optimum_matches(requests: Sequence[WorkloadRequest], block_size: int = 16) -> list[tuple[int, int, int]]:
-    """(request index, first owner's index, position) per request with a KV match (module docstring)."""
+    """(request index, first owner's index, position) per request with a KV match (module docstring):
+    the owner is the first request whose computed sequence (prompt + reply but its last token) has it."""
     powers = Powers()
     hashes, owners = [], []
     for req in requests:
         seq = np.asarray(req.prompt_ids(), dtype=np.int64)
         reply = req.reply_ids()
-        if reply is not None:
-            seq = np.concatenate([seq, np.asarray(reply, dtype=np.int64)])
+        if reply is not None:  # the KV holds the reply but its last token (sampled, never fed back)
+            seq = np.concatenate([seq, np.asarray(reply, dtype=np.int64)[:-1]])
         h = prefix_hashes_from(0, seq, powers)[block_size - 1::block_size]
         hashes.append(h)
         owners.append(np.full(len(h), req.index, dtype=np.int64))
@@ -64,12 +74,11 @@ def optimum_matches(requests: Sequence[WorkloadRequest], block_size: int = 16) -
 
 def optimum_marks(requests: Sequence[WorkloadRequest], block_size: int = 16,
                   matches: Sequence[tuple[int, int, int]] | None = None) -> dict[int, list[int]]:
-    """Request index -> positions of its prompt a later request's match lands on (module docstring)."""
-    prompt_len = {req.index: req.prompt_len for req in requests}
+    """Request index -> positions of its computed sequence (prompt, then reply) a later request's
+    match lands on (module docstring)."""
     marks: dict[int, set[int]] = {}
     for _, owner, position in optimum_matches(requests, block_size) if matches is None else matches:
-        if position < prompt_len[owner]:
-            marks.setdefault(owner, set()).add(position)
+        marks.setdefault(owner, set()).add(position)
     return {i: sorted(m) for i, m in marks.items()}
 
 

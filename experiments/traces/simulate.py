@@ -23,15 +23,15 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from experiments.runs import make_runner_engine
 from experiments.traces.cost import ShapeCost
 from experiments.traces.runner import HashRunner, SimClock, SimulatedRunner
 from experiments.workloads.request import WorkloadRequest
 from kernels.checks import require
-from model.engine import Engine
+from model.engine import Engine, resolve_settings
 from model.engine.placeholder_runner import PlaceholderRunner
 from planner.eviction import EVICTION_POLICIES, NextUseEviction
 from planner.policies.registry import get_policy
+from planner.snapshot_store import EvictionPolicy
 
 GB = 1e9
 RUNNERS = ("hash", "placeholder")
@@ -61,23 +61,19 @@ class SimConfig:
         require(self.time_scale > 0, "time_scale", f"must be > 0, got {self.time_scale}")
         require(self.runner in RUNNERS, "runner", f"must be one of {RUNNERS}, got {self.runner!r}")
 
-    def engine_settings(self, cost: ShapeCost) -> dict:
-        """The flat engine settings this policy runs with (its block, decode states, budget)."""
-        policy = get_policy(self.policy)
-        block, state_block = self.block_size, 0
-        vllm = -(-cost.vllm_block // self.block_size) * self.block_size
-        if policy.kv_block == "vllm":
-            block = vllm
-        elif policy.kv_block == "vllm-state":
-            state_block = vllm
-        grid = {None: 0, "block": 0, "state": state_block or block,
-                "kernel": -(-max(cost.kernel_chunk, block) // block) * block}[policy.decode_grid]
-        return dict(block_size=block, state_block=state_block, kernel_chunk=cost.kernel_chunk,
-                    prefill_budget=self.prefill_budget, max_batch_size=self.max_batch_size,
-                    num_kv_blocks=max(1, int(self.kv_pool_gb * GB / cost.kv_bytes_per_token) // block),
-                    policy=self.policy, capture_mode="in_pass",
+    def requested_settings(self, cost: ShapeCost) -> dict:
+        """The flat settings this run asks for (its base block, budgets, KV pool in bytes, eviction
+        override); the policy's defaults fill in the rest (`model.engine.settings.resolve_settings`)."""
+        kv_tokens = int(self.kv_pool_gb * GB / cost.kv_bytes_per_token)
+        return dict(block_size=self.block_size, prefill_budget=self.prefill_budget, max_batch_size=self.max_batch_size,
+                    num_kv_blocks=lambda block: max(1, kv_tokens // block), policy=self.policy, capture_mode="in_pass",
                     snapshot_byte_budget=None if self.budget_gb is None else int(self.budget_gb * GB),
-                    decode_snapshots=policy.decode_grid is not None, decode_snapshot_grid=grid)
+                    eviction=self.eviction)
+
+    def engine_settings(self, cost: ShapeCost) -> dict:
+        """The flat engine settings this policy runs with (its block, decode states, budget, eviction):
+        what `Engine.for_runner` resolves from `requested_settings`."""
+        return resolve_settings(cost.model_shape, **self.requested_settings(cost))
 
 
 @dataclasses.dataclass
@@ -97,14 +93,10 @@ class RequestRecord:
 
 
 def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict[str, list[int]],
-                 prompt_lens: dict[str, int]) -> Engine:
-    """The real engine over the chosen model-free runner, wrapped in the simulated runner."""
-    settings = cfg.engine_settings(cost)
-    slots, blocks, bs = settings["max_batch_size"], settings["num_kv_blocks"], settings["block_size"]
-    if cfg.runner == "hash":
-        inner = HashRunner(slots, blocks, bs, 64, cost.state_bytes, emit_logits=False)
-    else:
-        inner = PlaceholderRunner(slots, blocks, bs, 64, cost.state_bytes)
+                 prompt_lens: dict[str, int], eviction: EvictionPolicy | None = None) -> Engine:
+    """The real engine over the chosen model-free runner, wrapped in the simulated runner
+    (`Engine.for_runner`: the policy's defaults applied as in every study). `eviction`: an
+    eviction policy object that overrides the configured one (the optimum's next-use eviction)."""
     engine: Engine | None = None
 
     def next_tokens(rows) -> list[int | None]:
@@ -120,9 +112,17 @@ def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict
             out.append(reply[i] if 0 <= i < len(reply) else None)
         return out
 
-    runner = SimulatedRunner(inner, cost, clock, next_tokens)
-    engine = make_runner_engine(runner, settings, cfg.eviction or get_policy(cfg.policy).eviction,
-                                cost.snapshot_flops, clock)
+    def make_runner(config) -> SimulatedRunner:
+        s = config.scheduler
+        if cfg.runner == "hash":
+            inner = HashRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, 64, cost.state_bytes, emit_logits=False)
+        else:
+            inner = PlaceholderRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, 64, cost.state_bytes)
+        return SimulatedRunner(inner, cost, clock, next_tokens)
+
+    settings = cfg.requested_settings(cost) | ({} if eviction is None else {"eviction": eviction})
+    engine = Engine.for_runner(make_runner, cost.model_shape, snapshot_flops=cost.snapshot_flops, clock=clock,
+                               **settings)
     return engine
 
 
@@ -130,7 +130,7 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
              marks: dict[int, Sequence[int]] | None = None, uses: Mapping[tuple, Sequence[int]] | None = None) -> dict:
     """Run the requests through one policy; returns its metrics and per-request records.
 
-    `marks`: request index -> positions its prefill must leave a snapshot at (the optimum's);
+    `marks`: request index -> positions it must leave a snapshot at (the optimum's: prefill, prompt end or reply);
     `uses`: snapshot key -> the requests that will restore it (`oracle.optimum_uses`): under a
     budget, eviction then follows Belady's MIN (`NextUseEviction`) instead of the policy's own."""
     t0 = time.perf_counter()
@@ -138,11 +138,9 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
     clock = SimClock()
     replies: dict[str, list[int]] = {}
     prompt_lens: dict[str, int] = {}
-    engine = build_engine(cfg, cost, clock, replies, prompt_lens)
-    store = engine.snapshots
     future = NextUseEviction(uses) if uses is not None and cfg.budget_gb is not None else None
-    if future is not None:
-        store.eviction = future
+    engine = build_engine(cfg, cost, clock, replies, prompt_lens, future)
+    store = engine.snapshots
     pending = iter(requests)
     nxt = next(pending, None)
     arrivals: dict[str, float] = {}
@@ -222,4 +220,5 @@ def _metrics(records: list[RequestRecord], engine: Engine, clock: SimClock, held
         "simulated_busy_s": engine.runner.busy_s,
         "block_size": engine.config.scheduler.block_size,
         "state_block": engine.config.scheduler.state_block,
+        "effective_settings": engine.effective_settings,
     }

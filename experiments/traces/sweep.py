@@ -138,7 +138,8 @@ def summarize(rows: list[dict], config: dict, environment: dict, cost: dict) -> 
 def _metrics(row: dict) -> dict:
     keep = (*METRICS, "requests", "prompt_tokens", "engine_forwards", "snapshots_restored", "snapshots_declined", "eviction",
             "saved_by_origin", "restored_tokens_by_origin", "preemptions",
-            "ttft_s_mean", "simulated_span_s", "simulated_busy_s", "block_size", "state_block", "wall_s")
+            "ttft_s_mean", "simulated_span_s", "simulated_busy_s", "block_size", "state_block", "effective_settings",
+            "wall_s")
     return {k: row[k] for k in keep if k in row}
 
 

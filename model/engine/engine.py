@@ -3,8 +3,10 @@
 Per tick: the scheduler picks rows (decode tokens and prefill chunks); a row admitted with a
 restore point gets its snapshot written into its state slot; the rows run as one batched
 forward; snapshots are saved where the plan says (a non-last chunk end: the slot's state after
-the chunk; a last chunk spanning the tail split point: the capture at that offset); sampled
-tokens go back to the scheduler.
+the chunk; a last chunk spanning the tail split point: the capture at that offset), and after
+a last chunk or decode row that ends at one of the request's `snapshot_marks` (an offline
+driver's: the prompt end, a position in the reply; origin "oracle"); sampled tokens go back to
+the scheduler.
 
 A last chunk that spans a capture offset runs in one of three modes:
 * ``in_pass`` - one forward; the SSM scan emits the capture (a few extra writes);
@@ -14,7 +16,9 @@ A last chunk that spans a capture offset runs in one of three modes:
 
 The runner is anything with the `model.engine.runner.Runner` contract: `Engine.for_model` wraps
 the hybrid model, `Engine.for_placeholder` the model-free runner that tests the planner end to
-end in milliseconds. Both size the runner's memory from the engine's own scheduler settings.
+end in milliseconds, `Engine.for_runner` any other. All three apply the placement policy's engine
+defaults in one place (`model.engine.settings.resolve_settings`) and size the runner's memory
+from the resolved settings; `Engine.effective_settings` reads back what an engine runs under.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from model.cost import ModelCost
 from model.engine.model_runner import ModelRunner
 from model.engine.placeholder_runner import PlaceholderRunner
 from model.engine.runner import Runner
+from model.engine.settings import EFFECTIVE_KEYS, ModelShape, resolve_settings
 from model.engine.two_pass import run_in_passes
 from model.hybrid import HybridLM
 from planner.eviction import get_eviction
@@ -153,31 +158,61 @@ class Engine:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def for_model(cls, model: HybridLM, *, eviction: EvictionPolicy | str | None = None,
-                  snapshot_flops: Callable[[int], float] | None = None,
-                  clock: Callable[[], float] = time.perf_counter, **settings: Any) -> "Engine":
-        """An engine over the hybrid model, its KV pool and state slots sized from `settings`.
+    def for_runner(cls, make_runner: Callable[[EngineConfig], Runner], shape: ModelShape | None, *,
+                   snapshot_flops: Callable[[int], float] | None = None,
+                   clock: Callable[[], float] = time.perf_counter, **settings: Any) -> "Engine":
+        """The one construction path: the policy's defaults under `settings`
+        (`model.engine.settings.resolve_settings`: explicit settings win), then the runner
+        `make_runner` builds for the resolved config.
 
         `settings` are flat keywords of `SchedulerConfig` (block_size, prefill_budget,
-        max_batch_size, num_kv_blocks, policy, snapshot_interval_blocks, ...) and `EngineConfig`
-        (capture_mode, snapshot_byte_budget, keep_prompt_logits, decode_snapshots).
-        `snapshot_flops` defaults to the model's cost model (`model.cost.ModelCost.snapshot_flops`).
+        max_batch_size, num_kv_blocks, policy, snapshot_interval_blocks, ...), of `EngineConfig`
+        (capture_mode, snapshot_byte_budget, keep_prompt_logits, decode_snapshots, ...) and
+        `eviction` (a policy or its name); `shape`: the model's (None: none behind the runner).
         """
-        config = EngineConfig.from_settings(**settings)
-        s = config.scheduler
-        runner = ModelRunner(model, model.allocate_cache(s.num_kv_blocks, s.block_size, s.max_batch_size))
-        return cls(runner, config, eviction, snapshot_flops or ModelCost(model.config).snapshot_flops, clock)
+        resolved = resolve_settings(shape, **settings)
+        eviction = resolved.pop("eviction")
+        config = EngineConfig.from_settings(**resolved)
+        return cls(make_runner(config), config, eviction, snapshot_flops, clock)
 
     @classmethod
-    def for_placeholder(cls, *, vocab_size: int = 64, snapshot_nbytes: int = 1 << 20,
-                        eviction: EvictionPolicy | str | None = None,
-                        snapshot_flops: Callable[[int], float] | None = None,
+    def for_model(cls, model: HybridLM, *, snapshot_flops: Callable[[int], float] | None = None,
+                  clock: Callable[[], float] = time.perf_counter, **settings: Any) -> "Engine":
+        """An engine over the hybrid model, its KV pool and state slots sized from the resolved
+        settings (`for_runner`; the shape is the model's config at its dtype). `snapshot_flops`
+        defaults to the model's cost model (`model.cost.ModelCost.snapshot_flops`).
+        """
+        def runner(config: EngineConfig) -> ModelRunner:
+            s = config.scheduler
+            return ModelRunner(model, model.allocate_cache(s.num_kv_blocks, s.block_size, s.max_batch_size))
+
+        return cls.for_runner(runner, ModelShape.of(model.config, model.dtype.itemsize),
+                              snapshot_flops=snapshot_flops or ModelCost(model.config).snapshot_flops, clock=clock,
+                              **settings)
+
+    @classmethod
+    def for_placeholder(cls, *, shape: ModelShape | None = None, vocab_size: int = 64,
+                        snapshot_nbytes: int = 1 << 20, snapshot_flops: Callable[[int], float] | None = None,
                         clock: Callable[[], float] = time.perf_counter, **settings: Any) -> "Engine":
-        """An engine over the model-free `PlaceholderRunner` (settings as in `for_model`)."""
-        config = EngineConfig.from_settings(**settings)
-        s = config.scheduler
-        runner = PlaceholderRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, vocab_size, snapshot_nbytes)
-        return cls(runner, config, eviction, snapshot_flops, clock)
+        """An engine over the model-free `PlaceholderRunner` (settings as in `for_runner`).
+
+        `shape`: the model it stands in for (`ModelShape.of(config, dtype_bytes)`, or explicit
+        numbers); without one a policy on vLLM's padded block raises, and `kernel_chunk` keeps
+        `SchedulerConfig`'s default."""
+        def runner(config: EngineConfig) -> PlaceholderRunner:
+            s = config.scheduler
+            return PlaceholderRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, vocab_size, snapshot_nbytes)
+
+        return cls.for_runner(runner, shape, snapshot_flops=snapshot_flops, clock=clock, **settings)
+
+    @property
+    def effective_settings(self) -> dict:
+        """What this engine runs under, as a study records it per policy (`settings.EFFECTIVE_KEYS`)."""
+        s = self.config.scheduler
+        values = {"policy": s.policy, "block_size": s.block_size, "state_block": s.state_block,
+                  "kernel_chunk": s.kernel_chunk, "decode_snapshots": self.config.decode_snapshots,
+                  "decode_snapshot_grid": self.config.decode_snapshot_grid, "eviction": self.snapshots.eviction.name}
+        return {k: values[k] for k in EFFECTIVE_KEYS}
 
     # ------------------------------------------------------------------ intake
     def add_request(self, prompt_token_ids: Sequence[int], max_new_tokens: int = 1, request_id: str | None = None,
@@ -242,6 +277,8 @@ class Engine:
             req = row.request
             if not row.is_decode:
                 self._save_snapshots(row, row_captured)
+            elif req.snapshot_marks:
+                self._save_marked_decode_state(row)
             produces_token = row.is_decode or row.plan.is_last
             if produces_token and token is None:
                 token = int(torch.argmax(row_logits))
@@ -277,15 +314,25 @@ class Engine:
             self._save(req, *tracked, origin="decode")
 
     def _save_snapshots(self, row: ScheduledRow, captured: list[Any]) -> None:
-        """Save the row's captures and, where the plan says, the slot state after the chunk."""
+        """Save the row's captures and, where the plan says or a last chunk ends at one of the
+        request's `snapshot_marks` (its prompt end: no chunk plan can hold it), the slot state
+        after the chunk."""
         if not self.config.scheduler.enable_prefix_caching:
             return  # nothing could ever restore them
         req, plan = row.request, row.plan
         saves = [(plan.offset + o, state) for o, state in zip(plan.capture_offsets, captured)]
-        if plan.snapshot_at_end:
+        if plan.snapshot_at_end or (plan.is_last and plan.end in req.snapshot_marks):
             saves.append((plan.end, self.runner.read_state(req.slot)))
         for position, state in saves:
             self._save(req, position, state, prefill_origin(req, plan, position))
+
+    def _save_marked_decode_state(self, row: ScheduledRow) -> None:
+        """A decode row that ends at one of the request's `snapshot_marks` (a prefix a later request
+        matches inside this reply) saves the state after it now, besides the one decode-time state
+        kept at finish."""
+        end = row.start_pos + row.num_tokens
+        if self.config.scheduler.enable_prefix_caching and end in row.request.snapshot_marks:
+            self._save(row.request, end, self.runner.read_state(row.request.slot), origin="oracle")
 
     def _save(self, req: Request, position: int, state: Any, origin: str) -> None:
         if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,

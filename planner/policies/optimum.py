@@ -12,11 +12,12 @@ from planner.policies.base import PlanContext, junction_marks
 
 class Optimum(Aligned):
     """Offline: `aligned`'s chunk rules, the junction captured in-launch and the decode state kept
-    at finish (as ours-plus, without its speculative grid), plus in-launch captures at every
-    position a later request of the trace will match, in the prefill of the first request that
-    computes it (the request's `snapshot_marks`, set by a driver that knows the trace:
-    experiments.traces.oracle; hence `needs_oracle`). With unbounded memory that
-    restores every KV match, the most any placement reaches (the Sparse Prefix Caching, arXiv
+    at finish (as ours-plus, without its speculative grid), plus a snapshot at every position a
+    later request of the trace will match, left by the first request that computes it (the
+    request's `snapshot_marks`, set by a driver that knows the trace: experiments.traces.oracle;
+    hence `needs_oracle`): captured in-launch inside its prefill, saved by the engine after its
+    last chunk at its prompt end or after a decode row inside its reply. With unbounded memory
+    that restores every KV match, the most any placement reaches (the Sparse Prefix Caching, arXiv
     2605.05219, optimum's value there); under a budget the driver evicts by next use (Belady's MIN
     with bypass, planner.eviction.NextUseEviction; LRU when it gives no future): optimal in
     restores for equal-size snapshots, a reference for tokens."""

@@ -1,0 +1,107 @@
+"""The one place a placement policy's engine defaults become the settings an engine runs under.
+
+Every engine is built through `resolve_settings` (by `Engine.for_model`, `Engine.for_placeholder`
+or `Engine.for_runner`), so one policy name runs the same engine in every study. From flat
+settings (`SchedulerConfig` and `EngineConfig` fields, plus `eviction`) and the model's
+`ModelShape`:
+
+1. the policy (`policy`, default aligned) sets, from its fields (`planner.policies.base.PlacementPolicy`):
+   * the KV block: "kv" keeps `block_size`; "vllm" is vLLM's padded hybrid block
+     (`ModelShape.vllm_block`) rounded up to a multiple of `block_size`; "vllm-state" keeps
+     `block_size` and puts `state_block` on that padded block;
+   * decode-time states (`decode_grid`): None off; "block" on the KV block (`decode_snapshot_grid`
+     0); "state" on `state_block` (the KV block when it is 0); "kernel" on the SSD kernel chunk
+     rounded up to a multiple of the KV block (at least one block), where a block-floored match
+     can land;
+   * `eviction`: the policy's; `kernel_chunk`: the model's SSD chunk (`ModelShape.kernel_chunk`);
+2. a setting given explicitly (not None) wins over 1: `state_block`, `kernel_chunk`,
+   `decode_snapshots`, `decode_snapshot_grid`, `eviction`. Rule 1 reads the values after this
+   (an explicit `state_block` moves a "state" decode grid with it). `block_size` is always the
+   base KV block (the attention kernel's): "kv" keeps it, "vllm" pads it;
+3. `num_kv_blocks` may be a function of the KV block rule 1 chose (a pool sized in tokens, or for
+   a list of prompts), called with it.
+
+`EFFECTIVE_KEYS` are the settings a study records per policy as `effective_settings`
+(`Engine.effective_settings`: read back from the engine that ran).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kernels.checks import require
+from model.config import HybridConfig
+from model.cost import ModelCost
+from planner.policies.base import PlacementPolicy
+from planner.policies.registry import get_policy
+from planner.policies.vllm import vllm_hybrid_block
+from planner.scheduler import SchedulerConfig
+
+EFFECTIVE_KEYS = ("policy", "block_size", "state_block", "kernel_chunk", "decode_snapshots", "decode_snapshot_grid",
+                  "eviction")
+_DEFAULTS = SchedulerConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """What the policies' engine defaults read of a model, in tokens: vLLM's padded hybrid block
+    (`planner.policies.vllm.vllm_hybrid_block`) and the SSD kernel's chunk."""
+
+    vllm_block: int
+    kernel_chunk: int
+
+    def __post_init__(self):
+        for name in ("vllm_block", "kernel_chunk"):
+            require(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name,
+                    f"must be an int >= 1, got {getattr(self, name)!r}")
+
+    @classmethod
+    def of(cls, config: HybridConfig, dtype_bytes: int) -> "ModelShape":
+        """A config's shape, its state and KV at `dtype_bytes` per element (vLLM keeps both at the
+        model's dtype, so the padded block depends on their ratio only: the same in fp32 and bf16)."""
+        cost = ModelCost(config)
+        block = vllm_hybrid_block(cost.state_bytes_per_layer(dtype_bytes), cost.kv_bytes_per_token_layer(dtype_bytes))
+        return cls(block, config.mamba_chunk_size)
+
+
+def _given(settings: dict, name: str) -> bool:
+    return settings.get(name) is not None
+
+
+def _padded_block(policy: PlacementPolicy, block_size: int, shape: ModelShape | None) -> int:
+    """vLLM's padded block rounded up to a multiple of the base KV block."""
+    require(shape is not None, "shape",
+            f"policy {policy.name!r} runs on vLLM's padded block, which depends on the model: pass its ModelShape")
+    return -(-shape.vllm_block // block_size) * block_size
+
+
+def _decode_grid(policy: PlacementPolicy, block: int, state_block: int, kernel_chunk: int) -> int:
+    """The policy's decode-state grid in tokens (0: the KV block), rule 1 of the module docstring."""
+    return {None: 0, "block": 0, "state": state_block or block,
+            "kernel": -(-max(kernel_chunk, block) // block) * block}[policy.decode_grid]
+
+
+def resolve_settings(shape: ModelShape | None, **settings: Any) -> dict:
+    """The settings an engine runs under: `settings` with the policy's defaults filled in (module
+    docstring); other keys pass through unchanged (`EngineConfig.from_settings` checks them).
+    `shape` None: no model behind the engine (a policy on vLLM's padded block then raises)."""
+    out = dict(settings)
+    policy = get_policy(out.get("policy", _DEFAULTS.policy))
+    base = out.get("block_size", _DEFAULTS.block_size)
+    require(isinstance(base, int) and base >= 1, "block_size", f"must be an int >= 1, got {base!r}")
+    block = _padded_block(policy, base, shape) if policy.kv_block == "vllm" else base
+    if not _given(out, "state_block"):
+        out["state_block"] = _padded_block(policy, base, shape) if policy.kv_block == "vllm-state" else 0
+    if not _given(out, "kernel_chunk"):
+        out["kernel_chunk"] = shape.kernel_chunk if shape is not None else _DEFAULTS.kernel_chunk
+    if not _given(out, "decode_snapshots"):
+        out["decode_snapshots"] = policy.decode_grid is not None
+    if not _given(out, "decode_snapshot_grid"):
+        grid = _decode_grid(policy, block, out["state_block"], out["kernel_chunk"])
+        out["decode_snapshot_grid"] = grid if out["decode_snapshots"] else 0
+    if not _given(out, "eviction"):
+        out["eviction"] = policy.eviction
+    if callable(out.get("num_kv_blocks")):
+        out["num_kv_blocks"] = out["num_kv_blocks"](block)
+    return out | {"policy": policy.name, "block_size": block}
