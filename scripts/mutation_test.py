@@ -77,10 +77,11 @@ class Mutant:
     tests_run: int = 0
     killed_by: str = ""
     seconds: float = 0.0
+    key: str = ""  # path, enclosing function, the mutated source text, operator: stable across edits elsewhere
 
     @property
     def id(self) -> str:
-        return f"{self.path}:{self.line}:{self.col}-{self.end_col}:{self.operator}"
+        return self.key or f"{self.path}:{self.line}:{self.col}-{self.end_col}:{self.operator}"
 
 
 CMP_SWAPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
@@ -202,8 +203,10 @@ def enumerate_mutants(rel: str):
     source = path.read_text()
     lines = source.splitlines()
     tree = ast.parse(source, str(path))
+    seen: dict[str, int] = {}
     for node, label, apply, revert in list(_sites(tree)):
         chain = _function_chain(tree, node)
+        text = " ".join((ast.get_source_segment(source, node) or "").split())[:80]
         apply()
         try:
             code = compile(tree, str(path), "exec")
@@ -218,7 +221,12 @@ def enumerate_mutants(rel: str):
                 if c.co_firstlineno == line and (isinstance(fn, ast.Lambda) and c.co_name == "<lambda>"
                                                  or getattr(fn, "name", None) == c.co_name):
                     funcs.append((code_key(c), c))
-        yield Mutant(rel, node.lineno, node.col_offset, node.end_col_offset, label, None, lines[node.lineno - 1].strip()), funcs, code
+        scope = funcs[0][0][0] if funcs else "<module>"
+        key = f"{rel}::{scope}::{text}::{label}"
+        seen[key] = seen.get(key, 0) + 1
+        mutant = Mutant(rel, node.lineno, node.col_offset, node.end_col_offset, label, None,
+                        lines[node.lineno - 1].strip(), key=f"{key}#{seen[key]}")
+        yield mutant, funcs, code
 
 
 # ---------------------------------------------------------------- the module-level path (fresh interpreter)
@@ -322,11 +330,13 @@ class MutationPlugin:
             file_calls = [tests for (path, _), tests in self.calls.items() if path == rel]
             any_call = set().union(*file_calls) if file_calls else set()
             for index, (mutant, funcs, code) in enumerate(enumerate_mutants(rel)):
-                chosen = next(((key, c) for key, c in funcs if key in live), None)
+                # every live function of the chain: a lambda an object holds (a defaultdict's factory)
+                # and the method that makes new ones must both run the mutated code
+                chosen = [(key, c) for key, c in funcs if key in live] or None
                 if chosen is not None:
-                    mutant.function = chosen[0]
-                    # tests that ran the function or any function defined inside it
-                    inner = {code_key(c) for c in _code_tree(chosen[1])}
+                    mutant.function = chosen[0][0]
+                    # tests that ran the functions or any function defined inside them
+                    inner = {code_key(c) for _, outer in chosen for c in _code_tree(outer)}
                     tests = set().union(*(self.calls.get((rel, k), set()) for k in inner))
                 else:  # module level, or a function no live object holds: a fresh interpreter
                     tests = any_call
@@ -381,9 +391,9 @@ class MutationPlugin:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, 1)
                 os.dup2(devnull, 2)
-                key, code = chosen
-                for fn in live[key]:
-                    fn.__code__ = code
+                for key, code in chosen:
+                    for fn in live[key]:
+                        fn.__code__ = code
                 recorder = _Failures()
                 items[0].config.pluginmanager.register(recorder, "mutation-child")
                 timed_out = []
@@ -506,6 +516,25 @@ def report(mutants: list[Mutant], baseline_failed: list[str], args, seconds: flo
     }
 
 
+def markdown(result: dict) -> str:
+    """The report as a page: the score, per file, and every mutant that was not killed."""
+    counts = result["counts"]
+    lines = [f"# Mutation report ({result['when']})", "",
+             f"`{result['command']}`: {sum(counts.values())} mutants, score **{result['score']:.1%}** "
+             f"(killed or timed out / all but the equivalent); {result['seconds'] / 60:.0f} min, "
+             f"tests <= {result['max_test_s']} s each, <= {result['test_budget_s']} s per mutant.", "",
+             "| file | killed | timeout | survived | uncovered | equivalent |", "|---|---|---|---|---|---|"]
+    for path, c in sorted(result["per_file"].items()):
+        lines.append(f"| `{path}` | " + " | ".join(str(c.get(k, 0)) for k in
+                     ("killed", "timeout", "survived", "uncovered", "equivalent")) + " |")
+    lines += ["", "## Not killed", "", "| mutant | line | status / why equivalent |", "|---|---|---|"]
+    for m in result["survivors"]:
+        why = f"equivalent: {m['equivalent']}" if m["equivalent"] else f"**{m['status']}**"
+        cells = (m["id"], m["source_line"][:70])
+        lines.append("| " + " | ".join(f"`{c}`".replace("|", "\\|") for c in cells) + f" | {why} |")
+    return "\n".join(lines) + "\n"
+
+
 def _files(paths) -> list[str]:
     files = []
     for p in paths:
@@ -575,7 +604,9 @@ def main(argv=None) -> int:
     result = report(plugin.mutants, plugin.baseline_failed, args, time.time() - t0, plugin.kept)
     result["slow_tests_left_out"] = sorted(plugin.items[i].nodeid for i, d in plugin.durations.items()
                                            if d > args.max_test_s)
+    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     (out / "report.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "report.md").write_text(markdown(result))
     print(f"score {result['score']}  {result['counts']}  -> {out / 'report.json'}")
     return 0
 

@@ -65,3 +65,11 @@ def test_checkpoint_curve_on_a_synthetic_trace():
     assert by[("dp", 1)]["restored_tokens"] >= by[("uniform", 1)]["restored_tokens"]
     if ("dp", 2) in by:
         assert by[("dp", 2)]["restored_tokens"] >= by[("uniform", 2)]["restored_tokens"]
+
+
+def test_depths_must_be_positive_and_one_is_the_smallest():
+    # A depth is a matched prefix length: 0 matches nothing (the check's message names `depths`).
+    # At depths 1 and 16 (one request each) one checkpoint restores the most at 16 (16 > 1 + 1).
+    assert best_checkpoints([1, 16], [1, 1], 1) == (pytest.approx(16.0), [16])
+    with pytest.raises(ValueError, match="depths"):
+        best_checkpoints([0, 16], [1, 1], 1)

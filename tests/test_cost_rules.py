@@ -21,7 +21,7 @@ import pytest
 
 from experiments.traces.cost import Roofline, ShapeCost
 from model.config import HybridConfig, MoEConfig, layer_types_from_pattern
-from model.cost import ModelCost
+from model.cost import FeedForward, ModelCost, ScanKernel
 from model.hybrid import HybridLM
 
 ATTENTION = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=4)
@@ -227,3 +227,25 @@ def test_row_flops_is_the_cost_models_prefill(shape):
     c = ShapeCost.from_preset(shape)
     for start, n in ((0, 1), (0, 8192), (4096, 16), (31_000, 1), (12_345, 777)):
         assert c.row_flops(start, n) == pytest.approx(c.counts.prefill_flops(n, start).total, rel=1e-12)
+
+
+def test_scan_kernel_chunk_causal_and_padding():
+    # BAMBA's Mamba layers (2 of them): 4 H P N = 160 and G N + d_inner = 5 + 8 = 13 per chunk row.
+    counts = ModelCost(BAMBA)
+    n = 5
+    # the default (the Triton kernel): the config's chunk 7, lower triangle, no padding: 2 (160 + 7 x 13) x 5
+    assert counts.prefill_flops(n, scan=ScanKernel()).scan == 2 * (160 + 7 * 13) * 5 == 2510
+    # its own chunk 3, unpadded: 2 (160 + 3 x 13) = 398 a token, x 5
+    assert counts.prefill_flops(n, scan=ScanKernel(chunk=3)).scan == 398 * 5
+    # padded to whole chunks of 3: ceil(5 / 3) x 3 = 6 tokens' worth
+    assert counts.prefill_flops(n, scan=ScanKernel(chunk=3, padded=True)).scan == 398 * 6
+    # the full Q x Q block instead of its lower triangle doubles the intra-chunk term: 2 (160 + 2 x 91) x 5
+    assert counts.prefill_flops(n, scan=ScanKernel(causal=False)).scan == 2 * (160 + 2 * 91) * 5
+
+
+def test_cost_objects_are_immutable_values():
+    # Their derived counts are computed once (cached): a field changed afterwards would leave them stale.
+    for obj, field in ((ModelCost(BAMBA), "config"), (ScanKernel(), "chunk"), (FeedForward(dense=1), "dense"),
+                       (cost(BAMBA), "roofline")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, field, None)
