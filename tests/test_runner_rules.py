@@ -18,6 +18,7 @@ Where each rule comes from:
 * a runner's `tokens_run` (`ModelRunner`, the placeholder): the tokens its forwards consumed.
 """
 
+import dataclasses
 import itertools
 
 import pytest
@@ -26,6 +27,7 @@ import torch
 from model.batch import BatchOutput, SequenceChunk
 from model.engine import Engine, EngineConfig, ModelRunner, PlaceholderRunner, cut_at_captures, run_in_passes, to_chunk
 from model.engine.placeholder_runner import PlaceholderState
+from model.engine.settings import ModelShape, resolve_settings
 from planner.scheduler import SchedulerConfig
 
 MIB = 1 << 20
@@ -218,3 +220,29 @@ def test_model_runner_counts_the_tokens_it_ran():
     assert runner.tokens_run == 4
     runner.forward([chunk([5, 6, 7, 8, 9], table=[0, 1])])
     assert runner.tokens_run == 9
+
+
+# ---------------------------------------------------------------- model/engine/settings.py: a policy's defaults
+def test_vllm_junction_decode_grid_is_its_state_block_or_else_the_kv_block():
+    # vllm-junction: KV block 16, states on vLLM's padded block (528 at Bamba-9B, a multiple of 16),
+    # decode states on the state block (policy decode_grid "state"); an explicit state_block 0 means
+    # "the KV block", so the grid falls back to 16.
+    shape = ModelShape(vllm_block=528, kernel_chunk=256)
+    out = resolve_settings(shape, policy="vllm-junction", block_size=16)
+    assert (out["block_size"], out["state_block"], out["decode_snapshot_grid"]) == (16, 528, 528)
+    out = resolve_settings(shape, policy="vllm-junction", block_size=16, state_block=0)
+    assert (out["state_block"], out["decode_snapshot_grid"]) == (0, 16)
+
+
+def test_settings_checks_take_the_smallest_value_and_refuse_the_next():
+    # block_size, vllm_block and kernel_chunk are token counts: an int >= 1.
+    assert resolve_settings(None, policy="aligned", block_size=1)["block_size"] == 1
+    for bad in (0, "16", 16.0):
+        with pytest.raises(ValueError, match="^block_size"):
+            resolve_settings(None, policy="aligned", block_size=bad)
+    assert ModelShape(1, 1) == ModelShape(vllm_block=1, kernel_chunk=1)
+    for field, args in (("vllm_block", (0, 256)), ("kernel_chunk", (528, 0)), ("vllm_block", (528.0, 256))):
+        with pytest.raises(ValueError, match=f"^{field}"):
+            ModelShape(*args)
+    with pytest.raises(dataclasses.FrozenInstanceError):  # a shape is a value the settings are derived from
+        ModelShape(528, 256).vllm_block = 16
