@@ -246,3 +246,10 @@ def test_settings_checks_take_the_smallest_value_and_refuse_the_next():
             ModelShape(*args)
     with pytest.raises(dataclasses.FrozenInstanceError):  # a shape is a value the settings are derived from
         ModelShape(528, 256).vllm_block = 16
+
+
+def test_engine_config_alone_keeps_no_decode_states():
+    # Decode-time states are a policy's choice (`resolve_settings` fills them in for every engine
+    # built through `Engine.for_*`); a bare EngineConfig, as the seed's engine, keeps none.
+    assert EngineConfig().decode_snapshots is False and EngineConfig().decode_snapshot_grid == 0
+    assert EngineConfig().keep_prompt_logits is False
