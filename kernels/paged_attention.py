@@ -699,7 +699,7 @@ def paged_attention(
     return launch(checked, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, out, workspace)
 
 
-# What the model launches (model/config.py presets): bamba-9b 32/8 heads of 128 (GROUP 4), small
+# What the model launches (the presets in model/families/): bamba-9b 32/8 heads of 128 (GROUP 4), small
 # 4/1 heads of 64, tiny 4/2 heads of 16 (GROUP 2); plus head_dim 80 (not a power of two, masked to
 # 128) and 256. bf16 / fp16 / fp32, pages of 16 and 256, prefill and decode tiles, split-K + merge.
 _COMPILE_CASES = (

@@ -9,7 +9,8 @@
 
 from model.batch import BatchOutput, SequenceChunk
 from model.cache import ModelCache, SSMState
-from model.config import PRESETS, HybridConfig
+from model.config import HybridConfig
+from model.families import PRESETS
 from model.hybrid import HybridLM
 from model.loading import from_preset, init_random_weights, load_pretrained, save_pretrained
 

@@ -29,6 +29,10 @@ class PagedAttentionInputs:
 
 
 class Attention(nn.Module):
+    """One attention layer (GQA, optional RoPE and bias): `forward` over a whole sequence (the
+    reference path) and `forward_paged` over a batch of rows whose K/V live in the paged cache
+    (prefill chunks over a cached prefix and decode rows, one kernel launch each)."""
+
     def __init__(self, config: HybridConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads

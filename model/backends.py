@@ -3,7 +3,9 @@
 `torch` runs the PyTorch paths of `kernels.torch_cpu` (fast enough on a CPU to be the
 experiment's backend); `triton` runs the Triton kernels of `kernels` (on a CPU through the
 interpreter, so only for tests on tiny shapes). The model calls ops only through this table,
-so both backends execute the same weights and the same model code.
+so both backends execute the same weights and the same model code; where the backends differ
+beyond the ops' shared signatures, each declares it (`Capabilities`) and the model reads that,
+never a backend's name. A new backend is one entry of `_SPECS`.
 """
 
 from __future__ import annotations
@@ -12,18 +14,46 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-# op name -> (module, function) per backend; modules are imported when a backend is first asked
-# for, so the torch backend never imports Triton kernel modules.
-_OPS: dict[str, dict[str, tuple[str, str]]] = {
-    "torch": {
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend's ops do beyond the shared signatures, declared with the backend (`_SPECS`);
+    the model branches on these, never on a backend's name."""
+
+    # Whether ssd_scan gets the checkpoint's mamba_chunk_size. The scan's chunk is a tiling choice,
+    # not math (any chunk gives the same y and states up to rounding): the Triton kernels tile by
+    # it (Bamba: 256); the CPU reference keeps its own default, 128, its fastest on 2 cores.
+    scan_chunk_from_config: bool = False
+    # Whether ssd_scan reads and writes the SSM states in the pool through slots (state_pool=,
+    # state_slots=) instead of taking gathered initial states and returning finals to scatter.
+    scan_state_pool: bool = False
+    # The same for causal_conv1d's conv states (state_pool=, state_slots=).
+    conv_state_pool: bool = False
+    # Whether each conv op is specialized to one width, its module's `WIDTH` (`Backend.conv_widths`
+    # is then that width, or () when the two conv ops disagree); False: any width >= 2.
+    conv_width_per_kernel: bool = False
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend's declaration: op name -> (module, function), and its capabilities. Modules are
+    imported when the backend is first asked for, so the torch backend never imports Triton
+    kernel modules. Optional ops (the `plan_*` ones) left out are None on the `Backend`."""
+
+    ops: dict[str, tuple[str, str]]
+    capabilities: Capabilities = Capabilities()
+
+
+_SPECS: dict[str, BackendSpec] = {
+    "torch": BackendSpec(ops={
         "ssd_scan": ("kernels.torch_cpu.ssd", "ssd_scan_chunked"),
         "ssd_decode_step": ("kernels.torch_cpu.ssd", "ssd_decode_step_cpu"),
         "causal_conv1d": ("kernels.torch_cpu.conv1d", "causal_conv1d_cpu"),
         "conv1d_decode_step": ("kernels.torch_cpu.conv1d", "causal_conv1d_decode_step_cpu"),
         "write_kv_cache": ("kernels.torch_cpu.paged_attention", "write_kv_cache_cpu"),
         "paged_attention": ("kernels.torch_cpu.paged_attention", "paged_attention_cpu"),
-    },
-    "triton": {
+    }),
+    "triton": BackendSpec(ops={
         "ssd_scan": ("kernels.ssd_scan", "ssd_scan"),
         "ssd_decode_step": ("kernels.ssd_decode", "ssd_decode_step"),
         "causal_conv1d": ("kernels.causal_conv1d", "causal_conv1d"),
@@ -34,10 +64,11 @@ _OPS: dict[str, dict[str, tuple[str, str]]] = {
         "plan_causal_conv1d": ("kernels.causal_conv1d", "plan_causal_conv1d"),
         "plan_paged_attention": ("kernels.paged_attention", "plan_from_host"),
         "plan_decode_bucket": ("kernels.paged_attention", "plan_decode_bucket"),
-    },
+    }, capabilities=Capabilities(scan_chunk_from_config=True, scan_state_pool=True, conv_state_pool=True,
+                                 conv_width_per_kernel=True)),
 }
 
-BACKENDS = tuple(_OPS)
+BACKENDS = tuple(_SPECS)
 
 
 @dataclass(frozen=True)
@@ -45,15 +76,7 @@ class Backend:
     """Callables with the signatures documented in `kernels/` (shared by kernel and reference)."""
 
     name: str
-    # Whether ssd_scan gets the checkpoint's mamba_chunk_size. The scan's chunk is a tiling choice,
-    # not math (any chunk gives the same y and states up to rounding): the Triton kernels tile by
-    # it (Bamba: 256); the CPU reference keeps its own default, 128, its fastest on 2 cores.
-    scan_chunk_from_config: bool
-    # Whether ssd_scan reads and writes the SSM states in the pool through slots (state_pool=,
-    # state_slots=) instead of taking gathered initial states and returning finals to scatter.
-    scan_state_pool: bool
-    # The same for causal_conv1d's conv states (state_pool=, state_slots=).
-    conv_state_pool: bool
+    capabilities: Capabilities
     conv_widths: tuple[int, ...] | None  # conv widths (mamba_d_conv) its conv ops take; None: any >= 2
     ssd_scan: Callable  # (x, dt, A, B, C, *, cu_seqlens, D, dt_bias, dt_softplus, dt_limit, initial_states, capture_offsets) -> (y, final, captured)
     ssd_decode_step: Callable  # (x, dt, A, B, C, *, state_pool, slot_idx, D, dt_bias, dt_softplus, dt_limit) -> y
@@ -72,15 +95,15 @@ _loaded: dict[str, Backend] = {}
 
 
 def get_backend(name: str) -> Backend:
-    if name not in _OPS:
+    if name not in _SPECS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")
     if name not in _loaded:
-        ops = {op: getattr(importlib.import_module(module), fn) for op, (module, fn) in _OPS[name].items()}
+        spec = _SPECS[name]
+        ops = {op: getattr(importlib.import_module(module), fn) for op, (module, fn) in spec.ops.items()}
         widths = None
-        if name == "triton":  # each Triton conv kernel is specialized to one width; both must take it
+        if spec.capabilities.conv_width_per_kernel:  # both conv ops must take the model's width
             kernel_widths = {importlib.import_module(ops[op].__module__).WIDTH
                              for op in ("causal_conv1d", "conv1d_decode_step")}
             widths = tuple(kernel_widths) if len(kernel_widths) == 1 else ()
-        _loaded[name] = Backend(name=name, scan_chunk_from_config=name == "triton", scan_state_pool=name == "triton",
-                                conv_state_pool=name == "triton", conv_widths=widths, **ops)
+        _loaded[name] = Backend(name=name, capabilities=spec.capabilities, conv_widths=widths, **ops)
     return _loaded[name]

@@ -45,9 +45,6 @@ class SequenceChunk:
 class BatchOutput:
     logits: list[torch.Tensor]  # per row: (vocab,) for its last token, or (n, vocab) when all_logits
     captured: list[list[SSMState]] = field(default_factory=list)  # per row, in capture_offsets order
-    # Per row, the next token when the runner already knows it (the trace simulator forces a
-    # trace's replies); None: the engine samples from the logits.
-    next_tokens: list[int | None] | None = None
 
 
 def _is_int(v) -> bool:

@@ -1,10 +1,12 @@
-"""`HybridConfig`: the shapes every supported family maps onto, plus named presets.
+"""`HybridConfig`: the shapes every supported family maps onto (the config type only).
 
 One dataclass for all families: each field is read by a shared layer (the Mamba-2 mixer,
-attention, the gated MLP, the MoE, the decoder loop). A family's module under `model/families/`
-maps its `config.json` onto these fields (`HybridConfig.from_hf_dict` picks the family by
-`model_type`) and refuses, naming the field, anything it does not implement, so a checkpoint never
-loads into a model that silently computes something else.
+attention, the gated MLP, the MoE, the decoder loop). What is family knowledge lives in the
+family's module under `model/families/`: its `config.json` mapping (`HybridConfig.from_hf_dict`
+and `to_hf_dict` only hand over to the family `model_type` names, which refuses, naming the
+field, anything it does not implement, so a checkpoint never loads into a model that silently
+computes something else), its checkpoint tensor names, its feed-forward and its cost, and its
+presets (gathered in `model.families.PRESETS`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ LAYER_TYPES = MIXER_LAYER_TYPES + FEED_FORWARD_LAYER_TYPES
 POSITION_EMBEDDINGS = ("rope", "none")
 # How router logits become top-k expert weights: "softmax_topk" (Granite, model.moe), "sigmoid_grouped_topk"
 # (Nemotron-H, DeepSeek-V3 style: sigmoid scores plus a selection-only bias, top groups, then top-k;
-# model.moe_nemotron).
+# model.families.nemotron_h_moe).
 MOE_ROUTERS = ("softmax_topk", "sigmoid_grouped_topk")
 
 
@@ -85,7 +87,8 @@ class MoEConfig:
 @dataclasses.dataclass(frozen=True)
 class HybridConfig:
     """Defaults are transformers' `BambaConfig()` defaults (so a Bamba config.json missing a field
-    means what it means to transformers); the presets below are what the project runs."""
+    means what it means to transformers); the presets (`model.families.PRESETS`, each family's in
+    its module) are what the project runs."""
 
     vocab_size: int = 128000
     hidden_size: int = 4096
@@ -221,175 +224,3 @@ class HybridConfig:
         from model.families import get_family
 
         return get_family(self.model_type).config_to_hf(self)
-
-
-# Granite-4.0-H layer pattern (ibm-granite/granite-4.0-h-tiny config.json, also reported for -small):
-# 40 layers, attention at 5, 15, 25, 35, Mamba-2 elsewhere (9:1).
-_GRANITE_4_H_LAYERS = tuple("attention" if i in (5, 15, 25, 35) else "mamba" for i in range(40))
-# Shared by the Granite-4.0-H configs: NoPE, tied embeddings, vocab 100352, Mamba P = 64,
-# N = 128, one group, d_conv 4, chunk 256, rms eps 1e-5, muP embedding 12 / residual 0.22 /
-# attention 1/128 (= 1/head_dim). logits_scaling differs per model and is given with each.
-_GRANITE_4_H = dict(
-    model_type="granitemoehybrid", vocab_size=100352, num_hidden_layers=40, layer_types=_GRANITE_4_H_LAYERS,
-    position_embedding="none", partial_rotary_factor=1.0, head_dim=128, mamba_d_head=64, mamba_n_groups=1,
-    mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, rms_norm_eps=1e-5,
-    tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22, attention_scale=0.0078125,
-)
-# The reduced CPU layouts: Granite's ratios at hidden 256 in six layers (MMMAMM, as "small"),
-# head_dim 64 (attention scale 1/64), the same multipliers.
-_GRANITE_CPU = dict(
-    model_type="granitemoehybrid", vocab_size=16384, hidden_size=256, num_hidden_layers=6,
-    layer_types=("mamba", "mamba", "mamba", "attention", "mamba", "mamba"), num_attention_heads=4,
-    num_key_value_heads=1, head_dim=64, position_embedding="none", partial_rotary_factor=1.0,
-    mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2,
-    mamba_chunk_size=256, rms_norm_eps=1e-5, tie_word_embeddings=True, embedding_multiplier=12.0,
-    residual_multiplier=0.22, attention_scale=0.015625, logits_scaling=6.0,
-)
-
-
-PRESETS: dict[str, HybridConfig] = {
-    # ---- Bamba ----------------------------------------------------------------------------------
-    # Tests: small enough for the Triton interpreter (a 40-token forward in ~1 s); two groups, a
-    # 16-token scan chunk and 2:1 GQA keep every kernel path (multi-chunk, grouped B/C, GQA) live.
-    "tiny": HybridConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, attn_layer_indices=(1,),
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
-        mamba_chunk_size=16,
-    ),
-    # The main experiment's default on 2 CPU cores: Bamba's ratios at hidden 256 (attention
-    # heads x head_dim = hidden, 4:1 GQA, Mamba P = 64, N = 128, d_conv 4, chunk 256, MLP 3x),
-    # one attention layer in six (Bamba-9B: 3 in 32). 14.4 M parameters (8.4 M of them embedding
-    # and head). A cold 32772-token prefill in 8192-token chunks took 24 s (2 threads) and 28 s
-    # (1 thread) on the shared 2-core CPU; attention grows with the cached prefix, so the last
-    # chunk (32K keys) costs 3x the first, which is why there is one attention layer.
-    "small": HybridConfig(
-        vocab_size=16384, hidden_size=256, intermediate_size=768, num_hidden_layers=6, attn_layer_indices=(3,),
-        num_attention_heads=4, num_key_value_heads=1, head_dim=64,
-        mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2,
-        mamba_chunk_size=256,
-    ),
-    # Bamba-9B's shapes (ibm-fms/Bamba-9B config.json), random weights: GPU timing only.
-    "bamba-9b": HybridConfig(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        attn_layer_indices=(9, 18, 27), num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        mamba_n_heads=128, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2,
-        mamba_chunk_size=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
-    ),
-    # ---- GraniteMoeHybrid (Granite-4.0-H) -----------------------------------------------------------
-    # Tests (as "tiny"): MoE with 4 experts, top 2, beside the shared MLP; full-head RoPE so the
-    # chunked paths see rotated keys (the real models are NoPE, covered by the parity tests);
-    # non-trivial multipliers so a dropped one shows.
-    "granite-tiny": HybridConfig(
-        model_type="granitemoehybrid", vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
-        layer_types=("mamba", "attention", "mamba"), num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        position_embedding="rope", partial_rotary_factor=1.0, attention_scale=0.125,
-        moe=MoEConfig(num_experts=4, top_k=2, intermediate_size=32),
-        mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
-        mamba_chunk_size=16, embedding_multiplier=4.0, residual_multiplier=0.5, logits_scaling=2.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=True,
-    ),
-    # CPU experiments, MoE layout: Granite-4.0-H-Tiny's ratios (64 experts of width H/3, top 6,
-    # shared MLP 2H/3) scaled to 32 experts of width 96, top 6, shared 192. 21.8 M parameters
-    # (4.2 M of them the tied embedding), 10.3 M active per token.
-    "granite-small-cpu": HybridConfig(
-        **_GRANITE_CPU, intermediate_size=192, moe=MoEConfig(num_experts=32, top_k=6, intermediate_size=96),
-    ),
-    # CPU experiments, dense layout (as granite-4.0-h-micro): shared MLP 4H, no experts. 11.4 M parameters.
-    "granite-dense-cpu": HybridConfig(**_GRANITE_CPU, intermediate_size=1024),
-    # The published shapes, random weights: GPU timing only. Totals here: micro 3.19 B, tiny 6.94 B
-    # (1.47 B active), small 32.2 B (8.8 B active), as published (3 B; 7 B / 1 B; 32 B / 9 B).
-    # ibm-granite/granite-4.0-h-micro config.json (3B dense): hidden 2048, 16 heads of 128, 4 KV heads,
-    # 64 Mamba heads, shared MLP 8192, no experts. From memory of the published file, not confirmed
-    # here: hidden/heads/KV heads, shared width, logits_scaling 8.
-    "granite-4.0-h-micro": HybridConfig(
-        **_GRANITE_4_H, hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=4,
-        mamba_n_heads=64, logits_scaling=8.0,
-    ),
-    # ibm-granite/granite-4.0-h-tiny config.json (7B, 1B active): hidden 1536, 12 heads, 4 KV heads,
-    # 48 Mamba heads, 64 experts of 512, top 6, shared MLP 1024 (confirmed against a copy of the
-    # published file). logits_scaling 6: from memory, not confirmed here.
-    "granite-4.0-h-tiny": HybridConfig(
-        **_GRANITE_4_H, hidden_size=1536, intermediate_size=1024, num_attention_heads=12, num_key_value_heads=4,
-        mamba_n_heads=48, moe=MoEConfig(num_experts=64, top_k=6, intermediate_size=512), logits_scaling=6.0,
-    ),
-    # ibm-granite/granite-4.0-h-small config.json (32B, 9B active): hidden 4096, 32 heads, 8 KV heads,
-    # 72 experts of 768, top 10, shared MLP 1536 (confirmed against a copy of the published file);
-    # 128 Mamba heads follow from expand 2 and P = 64. logits_scaling 8: not confirmed here.
-    "granite-4.0-h-small": HybridConfig(
-        **_GRANITE_4_H, hidden_size=4096, intermediate_size=1536, num_attention_heads=32, num_key_value_heads=8,
-        mamba_n_heads=128, moe=MoEConfig(num_experts=72, top_k=10, intermediate_size=768), logits_scaling=8.0,
-    ),
-}
-
-
-# ---- Nemotron-H (model.families.nemotron_h) -------------------------------------------------------
-def layer_types_from_pattern(pattern: str) -> tuple[str, ...]:
-    """Nemotron-H's `hybrid_override_pattern`: M Mamba-2, * attention, - MLP, E MoE, one symbol per layer."""
-    symbols = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
-    require(isinstance(pattern, str) and pattern, "hybrid_override_pattern", f"expected a non-empty string, "
-            f"got {pattern!r}")
-    bad = sorted(set(pattern) - set(symbols))
-    require(not bad, "hybrid_override_pattern", f"unknown layer symbol(s) {bad} in {pattern!r} (supported: "
-            f"{', '.join(f'{k} {v}' for k, v in symbols.items())})")
-    return tuple(symbols[ch] for ch in pattern)
-
-
-def _nemotron_h(pattern: str, **shapes) -> HybridConfig:
-    """What every Nemotron-H shares: NoPE attention, no biases, relu^2 MLPs (set by the family), fp32
-    norm-weight multiply, eps 1e-5, dt clamped below at time_step_min = 0.001, untied head."""
-    fixed = dict(model_type="nemotron_h", num_hidden_layers=len(pattern), layer_types=layer_types_from_pattern(pattern),
-                 position_embedding="none", time_step_limit=(0.001, math.inf), rms_norm_eps=1e-5,
-                 rms_norm_weight_in_fp32=True, tie_word_embeddings=False)
-    return HybridConfig(**fixed, **shapes)
-
-
-PRESETS.update({
-    # Tests: every layer kind ("ME*M-E": Mamba, MoE, attention, Mamba, MLP, MoE) at interpreter-fast
-    # shapes. head_dim 24 != hidden / heads and Mamba d_inner 4 x 16 = 64 != expand * hidden, as
-    # Nemotron-H allows; 8 experts in 4 groups, 2 groups and 2 experts per token, so the grouped
-    # routing is live (the published models use one group).
-    "nemotron-h-tiny": _nemotron_h(
-        "ME*M-E", vocab_size=256, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=24, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
-        mamba_expand=2, mamba_chunk_size=16,
-        moe=MoEConfig(num_experts=8, top_k=2, intermediate_size=32, router="sigmoid_grouped_topk", n_group=4,
-                      topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, shared_expert_intermediate_size=48),
-    ),
-    # The CPU experiment size of the Nemotron-H layout (15.6 M parameters, 8.4 M of them embedding and
-    # head), at the "small" preset's hidden 256 and vocabulary: Nemotron 3 Nano's alternation of
-    # Mamba and MoE layers plus Nemotron-H-8B's dense relu^2 MLP layers, one attention layer in ten.
-    # Nemotron's Mamba shapes scaled down (head dim 64, N = 128, d_conv 4, chunk 128, grouped B/C),
-    # Nano's routing (one group, sigmoid, normalized top-k times 2.5) over 16 experts, top 4.
-    "nemotron-h-small-cpu": _nemotron_h(
-        "MEM-M*MEM-", vocab_size=16384, hidden_size=256, intermediate_size=768, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=2, mamba_d_state=128,
-        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
-        moe=MoEConfig(num_experts=16, top_k=4, intermediate_size=192, router="sigmoid_grouped_topk",
-                      norm_topk_prob=True, routed_scaling_factor=2.5, shared_expert_intermediate_size=384),
-    ),
-    # nvidia/Nemotron-H-8B-Base-8K, random weights (GPU timing only). Shapes are transformers'
-    # NemotronHConfig defaults, which are this model's (hidden 4096, MLP 21504, 32/8 heads of 128,
-    # Mamba 128 heads x 64, 8 groups, N = 128), and the 52-layer pattern of NVIDIA's configuration
-    # file (24 Mamba-2, 24 MLP, 4 attention, as the Nemotron-H paper, arXiv 2504.03624, lists).
-    # Not confirmed against the config.json itself (no network here): the pattern, the 131072
-    # vocabulary and chunk 128; the parameter count, 8,100,852,736, matches a published
-    # per-tensor breakdown of the checkpoint.
-    "nemotron-h-8b": _nemotron_h(
-        "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", vocab_size=131072, hidden_size=4096,
-        intermediate_size=21504, num_attention_heads=32, num_key_value_heads=8, head_dim=128, mamba_n_heads=128,
-        mamba_d_head=64, mamba_n_groups=8, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
-    ),
-    # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json (as quoted in public code; the model
-    # card: 52 layers = 23 Mamba-2 + 23 MoE + 6 attention, 128 experts + 1 shared, 6 per token,
-    # 31.6 B total / ~3.5 B active parameters: this preset has 31.58 B / 3.58 B). Random weights:
-    # GPU timing only. Mamba d_inner = 64 x 64 = 4096, not expand * hidden.
-    "nemotron-3-nano": _nemotron_h(
-        "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", vocab_size=131072, hidden_size=2688,
-        intermediate_size=1856, num_attention_heads=32, num_key_value_heads=2, head_dim=128, mamba_n_heads=64,
-        mamba_d_head=64, mamba_n_groups=8, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
-        moe=MoEConfig(num_experts=128, top_k=6, intermediate_size=1856, router="sigmoid_grouped_topk", n_group=1,
-                      topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
-                      shared_expert_intermediate_size=3712),
-    ),
-})

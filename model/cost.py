@@ -7,12 +7,13 @@ Every term is read off how `model.hybrid.HybridLM` builds its layers (a multiply
   2 G N + heads), depthwise conv taps conv_dim x d_conv, out_proj d_inner x H, where d_inner =
   heads x head dim (`HybridConfig.mamba_d_inner`; Nemotron-H's is not expand x hidden);
 * attention (`model/attention.py`): q, k, v, o = H x (q + 2 kv) + q x H, q = heads x head_dim;
-* the feed-forward after each layer is the family's (`FEED_FORWARDS`, one rule per family):
-  Bamba a SwiGLU (3 x H x I, `model/mlp.py`) after every layer; Granite-4.0-H its `shared_mlp`
-  (fused SwiGLU, 3 x H x I) after every layer, plus, with experts, a softmax router (H x E) and
-  E gated experts (3 x H x I_e each, `model/moe.py`); Nemotron-H none after a mixer, a relu^2
-  MLP (2 x H x I) as a "-" layer, and as an "E" layer a sigmoid router (H x E), E relu^2 experts
-  (2 x H x I_e) and one shared relu^2 expert (2 x H x I_s) (`model/moe_nemotron.py`);
+* the feed-forward after each layer is the family's (`Family.feed_forward_cost`, in the family's
+  module beside the `feed_forward` it counts): Bamba a SwiGLU (3 x H x I, `model/mlp.py`) after
+  every layer; Granite-4.0-H its `shared_mlp` (fused SwiGLU, 3 x H x I) after every layer, plus,
+  with experts, a softmax router (H x E) and E gated experts (3 x H x I_e each, `model/moe.py`);
+  Nemotron-H none after a mixer, a relu^2 MLP (2 x H x I) as a "-" layer, and as an "E" layer a
+  sigmoid router (H x E), E relu^2 experts (2 x H x I_e) and one shared relu^2 expert (2 x H x I_s)
+  (`model/families/nemotron_h_moe.py`);
 * a token passes through the dense matrices, the router and its top-k experts (`active_params`);
   the weights held are every matrix, all experts, the embedding and an untied head
   (`weight_bytes`); the vectors (norms, biases, A, D, dt bias: 0.07% of "small") are left out.
@@ -44,65 +45,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from kernels.checks import require
 from model.config import HybridConfig
-from model.families import bamba, granite, nemotron_h
+from model.families import FAMILIES
+from model.families.base import FeedForward
 
-
-@dataclasses.dataclass(frozen=True)
-class FeedForward:
-    """The matrices of one layer's feed-forward: `dense` ones every token passes through (an MLP,
-    a shared expert, the router) and `num_experts` routed experts of `expert` parameters each."""
-
-    dense: int = 0
-    expert: int = 0
-    num_experts: int = 0
-    top_k: int = 0
-
-    @property
-    def active(self) -> int:
-        return self.dense + self.top_k * self.expert
-
-    @property
-    def held(self) -> int:
-        return self.dense + self.num_experts * self.expert
-
-
-def _routed(c: HybridConfig, dense: int, matrices_per_expert: int) -> FeedForward:
-    """`dense` plus the router (H x E) and E experts of `matrices_per_expert` H x I_e matrices."""
-    m, h = c.moe, c.hidden_size
-    return FeedForward(dense=dense + h * m.num_experts, expert=matrices_per_expert * h * m.intermediate_size,
-                       num_experts=m.num_experts, top_k=m.top_k)
-
-
-def _bamba_feed_forward(c: HybridConfig, kind: str) -> FeedForward:
-    """SwiGLU gate, up, down after every layer (`model.mlp.SwiGLU`)."""
-    return FeedForward(dense=3 * c.hidden_size * c.intermediate_size)
-
-
-def _granite_feed_forward(c: HybridConfig, kind: str) -> FeedForward:
-    """`shared_mlp` (fused SwiGLU: 2I x H + H x I) after every layer, plus routed SwiGLU experts."""
-    shared = 3 * c.hidden_size * c.intermediate_size
-    return FeedForward(dense=shared) if c.moe is None else _routed(c, shared, 3)
-
-
-def _nemotron_feed_forward(c: HybridConfig, kind: str) -> FeedForward:
-    """relu^2 MLP (up, down) as a "-" layer; relu^2 experts + one shared relu^2 expert as "E"."""
-    if kind == "mlp":
-        return FeedForward(dense=2 * c.hidden_size * c.intermediate_size)
-    if kind == "moe":
-        return _routed(c, 2 * c.hidden_size * c.moe.shared_expert_intermediate_size, 2)
-    return FeedForward()  # a mixer layer carries no feed-forward
-
-
-# model_type -> the feed-forward of a layer of that kind (model.families: each family's `feed_forward`).
-FEED_FORWARDS: dict[str, Callable[[HybridConfig, str], FeedForward]] = {
-    bamba.MODEL_TYPE: _bamba_feed_forward,
-    granite.MODEL_TYPE: _granite_feed_forward,
-    nemotron_h.MODEL_TYPE: _nemotron_feed_forward,
-}
+__all__ = ["FeedForward", "Flops", "ModelCost", "ScanKernel", "TRITON_SCAN"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +99,10 @@ class ModelCost:
     config: HybridConfig
 
     def __post_init__(self):
-        require(self.config.model_type in FEED_FORWARDS, "model_type",
-                f"no cost rule for family {self.config.model_type!r}; known: {sorted(FEED_FORWARDS)}")
+        family = FAMILIES.get(self.config.model_type)
+        if family is None or family.feed_forward_cost is None:
+            known = sorted(t for t, f in FAMILIES.items() if f.feed_forward_cost is not None)
+            require(False, "model_type", f"no cost rule for family {self.config.model_type!r}; known: {known}")
 
     # ---------------------------------------------------------------- parameters
     @functools.cached_property
@@ -168,7 +120,7 @@ class ModelCost:
 
     def feed_forward(self, layer_index: int) -> FeedForward:
         c = self.config
-        return FEED_FORWARDS[c.model_type](c, c.layer_types[layer_index])
+        return FAMILIES[c.model_type].feed_forward_cost(c, c.layer_types[layer_index])
 
     def _projections(self, held: bool) -> int:
         mixer = {"mamba": self.mamba_params, "attention": self.attention_params}

@@ -72,6 +72,12 @@ def check_backend_supports(config: HybridConfig, ops: Backend) -> None:
 
 
 class HybridLM(nn.Module):
+    """A hybrid Mamba-2/attention language model of any registered family (the layer kinds and
+    feed-forwards come from its config and family). `logits` is the whole-sequence reference;
+    `forward_batch` runs prefill chunks and decode rows of many requests over the paged KV cache
+    and state slots of `allocate_cache`, capturing states at requested offsets; `set_backend`
+    switches between the torch and Triton kernels."""
+
     def __init__(self, config: HybridConfig, backend: str = "torch"):
         super().__init__()
         self.config = config
@@ -212,7 +218,7 @@ class HybridLM(nn.Module):
         ops, cfg = self.ops, self.config
         ssd = conv = attn = None
         if ops.plan_ssd_scan is not None:
-            chunk = cfg.mamba_chunk_size if ops.scan_chunk_from_config else None
+            chunk = cfg.mamba_chunk_size if ops.capabilities.scan_chunk_from_config else None
 
             def ssd(seqlens, offsets, tables):
                 return ops.plan_ssd_scan(seqlens, offsets, chunk, tables)
@@ -236,7 +242,7 @@ class HybridLM(nn.Module):
         if batch.num_prefill_rows:
             slots = batch.prefill_slots
             # the kernels read and write conv_pool[slots] / ssm_pool[slots] themselves: no gather, no scatter
-            ssm_in_pool, conv_in_pool = self.ops.scan_state_pool, self.ops.conv_state_pool
+            ssm_in_pool, conv_in_pool = self.ops.capabilities.scan_state_pool, self.ops.capabilities.conv_state_pool
             initial = None
             if not batch.prefill_all_fresh and not (ssm_in_pool and conv_in_pool):
                 initial = MixerStates(None if conv_in_pool else conv_pool[slots],

@@ -17,8 +17,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from model.config import PRESETS, HybridConfig
-from model.families import get_family
+from model.config import HybridConfig
+from model.families import PRESETS, get_family
 from model.hybrid import HybridLM
 
 SINGLE_FILE = "model.safetensors"
@@ -175,7 +175,7 @@ def init_random_weights(model: HybridLM, seed: int) -> HybridLM:
 
 def from_preset(name: str, backend: str = "torch", seed: int = 0, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu") -> HybridLM:
-    """A preset's shapes (`model.config.PRESETS`) with `init_random_weights(seed)`."""
+    """A preset's shapes (`model.families.PRESETS`) with `init_random_weights(seed)`."""
     if name not in PRESETS:
         raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
     return init_random_weights(_empty_model(PRESETS[name], backend, dtype, device), seed)

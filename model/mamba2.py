@@ -21,11 +21,18 @@ from model.norms import GatedRMSNorm
 
 
 class MixerStates(NamedTuple):
+    """One Mamba layer's recurrent state: the causal conv's last d_conv - 1 inputs and the SSD state."""
+
     conv: torch.Tensor  # (S or K, conv_dim, d_conv - 1)
     ssm: torch.Tensor  # (S or K, H, P, N) fp32
 
 
 class Mamba2Mixer(nn.Module):
+    """One Mamba-2 mixer: in-projection, causal conv, SSD scan, gated RMSNorm, out-projection.
+    `forward` runs packed prefill chunks from given initial states and returns the final states
+    plus any captured at requested offsets; `forward_decode` steps one token per row against the
+    state pools in place."""
+
     def __init__(self, config: HybridConfig):
         super().__init__()
         self.num_heads = config.mamba_n_heads
@@ -77,9 +84,9 @@ class Mamba2Mixer(nn.Module):
         `initial` None means every sequence starts from zero state; captured states are packed by
         sequence, then offset, in the order the kernels return them. `conv_plan`/`ssd_plan`: the
         step's host-built kernel plans (`model.batch.pack_rows`), None to let the ops plan.
-        `ssm_pool`/`ssm_slots` (backends with `scan_state_pool`): the SSM states are read from and
+        `ssm_pool`/`ssm_slots` (backends with `capabilities.scan_state_pool`): the SSM states are read from and
         written back to the pool by the scan itself; `initial.ssm` is then unused and the final
-        MixerStates' ssm is the pool. `conv_pool`/`conv_slots` (backends with `conv_state_pool`):
+        MixerStates' ssm is the pool. `conv_pool`/`conv_slots` (backends with `capabilities.conv_state_pool`):
         the same for the conv states, `initial.conv` unused and the final conv the pool.
         """
         gate, xbc, dt = self._split_projection(hidden)
@@ -91,7 +98,7 @@ class Mamba2Mixer(nn.Module):
             initial_states=None if initial is None or conv_pool is not None else initial.conv,
             capture_offsets=capture_offsets, activation="silu", **conv)
         x, B, C = self._ssm_inputs(xbc)
-        chunk = {"chunk_size": self.chunk_size} if ops.scan_chunk_from_config else {}
+        chunk = {"chunk_size": self.chunk_size} if ops.capabilities.scan_chunk_from_config else {}
         if ssd_plan is not None:
             chunk["plan"] = ssd_plan
         if ssm_pool is not None:

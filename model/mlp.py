@@ -46,11 +46,22 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
     return torch.square(F.relu(x))
 
 
+def relu_squared_(x: torch.Tensor) -> torch.Tensor:
+    """`relu_squared` in place, for a temporary (a projection's output): the same values, and no
+    second (T, I) buffer, whose fresh pages cost as much as the two passes on a CPU. Out of place
+    where autograd records (relu's saved output must stay)."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return relu_squared(x)
+    return F.relu_(x).square_()
+
+
 class ReluSquaredMLP(nn.Module):
+    """Nemotron-H's feed-forward: down(relu(up(x))^2), no gate."""
+
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool):
         super().__init__()
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(relu_squared(self.up_proj(x)))
+        return self.down_proj(relu_squared_(self.up_proj(x)))

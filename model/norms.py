@@ -41,7 +41,16 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         in_dtype = y.dtype
-        y32 = y.float() * F.silu(gate.float())
+        # the same products as y.float() * silu(gate.float()) ... * weight, made in place on the
+        # one fp32 buffer silu writes (autograd aside): no (T, d_inner) temporary per step
+        if torch.is_grad_enabled() and (y.requires_grad or gate.requires_grad or self.weight.requires_grad):
+            y32 = y.float() * F.silu(gate.float())
+            grouped = y32.view(*y32.shape[:-1], -1, self.group_size)
+            grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * grouped.view(y32.shape).to(in_dtype)
+        y32 = F.silu(gate.float()).mul_(y)
         grouped = y32.view(*y32.shape[:-1], -1, self.group_size)
-        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * grouped.view(y32.shape).to(in_dtype)
+        grouped.mul_(torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps))
+        if in_dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return y32.mul_(self.weight)
+        return self.weight * y32.to(in_dtype)

@@ -62,6 +62,9 @@ def hash_full_blocks(token_ids: Sequence[int], block_size: int) -> list[BlockHas
 
 @dataclasses.dataclass(eq=False)
 class KVBlock:
+    """One paged-KV block: its id (its row range in the KV cache tensors), how many leases hold it,
+    and, once full and published, the chained hash that makes it findable by later prompts."""
+
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None  # set once the block is full and published
@@ -72,6 +75,8 @@ class KVBlock:
 
 @dataclasses.dataclass
 class BlockPoolStats:
+    """Counters over a pool's lifetime (block counts, not tokens)."""
+
     allocated: int = 0
     freed: int = 0
     cache_hits: int = 0  # blocks adopted from the cache
@@ -79,6 +84,10 @@ class BlockPoolStats:
 
 
 class BlockPool:
+    """The fixed set of KV blocks: allocation (None on shortage, never a raise), reference counts,
+    the hash -> block index of published blocks, and the LRU list of free blocks that keep their
+    hash until reused. Leases over it live in `planner.prefix_cache`."""
+
     def __init__(self, num_blocks: int):
         require(num_blocks >= 1, "num_blocks", f"must be >= 1, got {num_blocks}")
         self.blocks = [KVBlock(i) for i in range(num_blocks)]

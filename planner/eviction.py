@@ -76,6 +76,107 @@ class FlopAwareEviction:
         return snapshots[min(range(len(snapshots)), key=lambda i: (utility[i], i))]  # ties: LRU first
 
 
+SEGLEN_WEIGHT = 0.85  # seglen's weight of replay length against recency (the SGLang PR's example)
+
+
+class SeglenEviction:
+    """SGLang's `seglen` eviction for its Mamba radix cache (sglang PR #22172, 2026; the brief, section 6):
+    evict the lowest `recency + weight * seglen`, both min-max normalized over the candidates, where
+    seglen(s) is the replay length to s's nearest reusable ancestor, the deepest other held snapshot
+    whose prefix is a prefix of s's (s.position when none): what a later request through s would
+    replay if s were gone. It stands in for Marconi's FLOPs per byte without a per-architecture
+    FLOP model. A restore refreshes only the snapshot restored (the PR's "refresh only the matched
+    last node"; our store never refreshes ancestors anyway).
+
+    Ancestry is kept as parent links, updated when a snapshot is saved (its parent is the deepest held
+    snapshot on its prompt's block-hash chain; a held snapshot of the parent that the new one now
+    lies above is re-linked to it) and evicted (its children move up to its parent). A snapshot
+    inside a lower block than s is taken as s's ancestor on its full blocks' hashes alone (no
+    snapshot keeps its tokens); inside s's own last block, its tail tokens are compared exactly.
+    """
+
+    name = "seglen"
+    needs_prefix = True
+
+    def __init__(self, weight: float = SEGLEN_WEIGHT):
+        require(weight >= 0, "weight", f"must be >= 0 (0 = LRU), got {weight}")
+        self.weight = weight
+        self._by_anchor: dict[object, list[Snapshot]] = collections.defaultdict(list)
+        self._parent: dict[tuple, Snapshot | None] = {}
+        self._children: dict[tuple | None, set] = collections.defaultdict(set)  # parent key (None: roots) -> keys
+        self._held: dict[tuple, Snapshot] = {}
+        self.block_size: int | None = None  # the store's, told by `bind`
+
+    def bind(self, block_size: int) -> None:
+        """Called by the store that holds this policy: its block size (the prefix hashes' unit)."""
+        require(self.block_size in (None, block_size), "block_size",
+                f"this seglen policy already serves a store on block {self.block_size}, not {block_size}")
+        self.block_size = block_size
+
+    @staticmethod
+    def _is_ancestor(a: Snapshot, s: Snapshot, block_size: int) -> bool:
+        """Whether held snapshot `a` lies on `s`'s prefix, below it."""
+        if a.position >= s.position:
+            return False
+        a_full = a.position // block_size
+        s_full = s.position // block_size
+        if a_full and (s.prefix_hashes is None or s.prefix_hashes[a_full - 1] != a.anchor):
+            return False
+        return a_full < s_full or s.tail[:len(a.tail)] == a.tail
+
+    def _find_parent(self, s: Snapshot, block_size: int) -> Snapshot | None:
+        for full in range(s.position // block_size, -1, -1):
+            anchor = s.prefix_hashes[full - 1] if full else None
+            below = [a for a in self._by_anchor.get(anchor, ()) if self._is_ancestor(a, s, block_size)]
+            if below:
+                return max(below, key=lambda a: a.position)
+        return None
+
+    def _link(self, key: tuple, parent: Snapshot | None) -> None:
+        self._parent[key] = parent
+        self._children[parent.key if parent is not None else None].add(key)
+
+    def saved(self, snap: Snapshot) -> None:
+        require(snap.prefix_hashes is not None, "prefix_hashes", "seglen needs the store to keep each prefix")
+        block_size = self.block_size
+        require(block_size is not None, "block_size", "seglen must be bound to its store (SnapshotStore binds it)")
+        parent = self._find_parent(snap, block_size)
+        siblings = self._children[parent.key if parent is not None else None]
+        for key in [k for k in siblings if self._is_ancestor(snap, self._held[k], block_size)]:
+            siblings.discard(key)  # `snap` now lies between `parent` and this one
+            self._link(key, snap)
+        self._held[snap.key] = snap
+        self._by_anchor[snap.anchor].append(snap)
+        self._link(snap.key, parent)
+
+    def evicted(self, snap: Snapshot) -> None:
+        parent = self._parent.pop(snap.key)
+        self._children[parent.key if parent is not None else None].discard(snap.key)
+        for key in self._children.pop(snap.key, set()):
+            self._link(key, parent)
+        del self._held[snap.key]
+        bucket = self._by_anchor[snap.anchor]
+        bucket.remove(snap)
+        if not bucket:
+            del self._by_anchor[snap.anchor]
+
+    def seglen(self, snap: Snapshot) -> int:
+        """Tokens a request through `snap` would replay from its nearest held ancestor, were it gone."""
+        parent = self._parent.get(snap.key)
+        return snap.position - (parent.position if parent is not None else 0)
+
+    def utilities(self, snapshots: Sequence[Snapshot]) -> list[float]:
+        recency = _min_max([float(s.last_used) for s in snapshots])
+        seglen = _min_max([float(self.seglen(s)) for s in snapshots])
+        return [r + self.weight * g for r, g in zip(recency, seglen)]
+
+    def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
+        """The lowest utility, ties broken least recently used first."""
+        require(len(snapshots) > 0, "snapshots", "nothing to evict")
+        utility = self.utilities(snapshots)
+        return snapshots[min(range(len(snapshots)), key=lambda i: (utility[i], i))]
+
+
 class NextUseEviction:
     """Belady's MIN over the snapshot store, for an offline driver that knows every future restore.
 
@@ -209,7 +310,8 @@ class LearnedValueEviction:
         return not snapshots or mine > min(self._held_credit(s) for s in snapshots)
 
 
-EVICTION_POLICIES: dict[str, type] = {cls.name: cls for cls in (LRUEviction, FlopAwareEviction, LearnedValueEviction)}
+EVICTION_POLICIES: dict[str, type] = {cls.name: cls for cls in (LRUEviction, FlopAwareEviction, LearnedValueEviction,
+                                                                 SeglenEviction)}
 
 
 def get_eviction(policy: EvictionPolicy | str, **params) -> EvictionPolicy:

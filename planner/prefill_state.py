@@ -19,6 +19,10 @@ from planner.prefix_cache import KVLease
 
 
 class PrefillState:
+    """One request's prefill in progress: its prompt, its KV lease (where it resumes) and the
+    positions it must leave snapshots at; `plan_next` asks the placement policy where the next
+    chunk ends."""
+
     def __init__(self, token_ids: Sequence[int], lease: KVLease, marks: Sequence[int] = ()):
         """`marks`: positions this prefill must leave a snapshot at (its policy's admission marks)."""
         require(len(token_ids) > 0, "token_ids", "a prompt needs at least one token to produce logits")

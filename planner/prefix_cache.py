@@ -23,6 +23,10 @@ from planner.block_pool import BlockHash, BlockPool, KVBlock
 
 @dataclasses.dataclass(eq=False)
 class KVLease:
+    """The KV blocks one request holds, in position order, and the cursors read off them:
+    `num_computed_tokens` (where its prefill resumes), `num_cached_tokens` (leading positions
+    adopted from the cache) and `num_published_blocks` (blocks already findable by hash)."""
+
     block_size: int
     blocks: list[KVBlock] = dataclasses.field(default_factory=list)
     num_computed_tokens: int = 0

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 
 class RequestStatus(enum.Enum):
+    """Where a request is in the scheduler: waiting (or preempted), running, finished."""
+
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -22,11 +24,15 @@ class RequestStatus(enum.Enum):
 
 @dataclasses.dataclass
 class RequestMetrics:
+    """What the experiments report per request: times, the KV match, the restore point and
+    replayed tokens, chunk ends, snapshots saved, passes and preemptions."""
+
     arrival_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
     kv_match_tokens: int = 0  # cached KV positions adopted at (the last) admission
     restore_at: int = 0  # SSM snapshot position restored at admission (0: cold start)
+    restore_transfer_s: float = 0.0  # its transfer from a lower snapshot tier to the device (0: it was there)
     replayed_tokens: int = 0  # prompt tokens run after the restore point
     chunk_ends: list[int] = dataclasses.field(default_factory=list)
     snapshot_positions: list[int] = dataclasses.field(default_factory=list)  # saved by this request
@@ -50,6 +56,9 @@ class RequestMetrics:
 
 @dataclasses.dataclass(eq=False)
 class Request:
+    """A generation request: its prompt and output tokens, its scheduler state (status, KV lease,
+    state slot, prefill in progress), the snapshot positions asked of it, and its metrics."""
+
     request_id: str
     prompt_token_ids: list[int]
     max_new_tokens: int = 1

@@ -95,12 +95,14 @@ class ScheduledRow:
 
 @dataclasses.dataclass
 class SchedulerOutput:
-    """What one tick scheduled: its rows, the requests it preempted, and the decode reservations."""
+    """What one tick scheduled: its rows, the requests it preempted, the decode reservations and the
+    requests it admitted (each with its first row among `rows`)."""
 
     tick: int
     rows: list[ScheduledRow]
     preempted: list[Request]
     tokens_reserved: int  # decode reservations taken off the top of the budget
+    admitted: list[Request] = dataclasses.field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -174,6 +176,7 @@ class Scheduler:
         # A request preempted by a later row of this tick drops its rows, and is not re-admitted
         # until the next tick.
         rows = [row for row in rows if row.request.status is RequestStatus.RUNNING]
+        admitted: list[Request] = []
         while budget > 0 and self.waiting and self.free_slots:
             req = self.waiting[0]
             if req in preempted:
@@ -190,10 +193,11 @@ class Scheduler:
             if plan is None:
                 break  # not enough free blocks for its first chunk: it waits
             self.waiting.popleft()
+            admitted.append(req)
             rows.append(self._prefill_row(req, plan, restore))
             budget -= plan.length
 
-        return SchedulerOutput(self.tick, rows, preempted, len(holders))
+        return SchedulerOutput(self.tick, rows, preempted, len(holders), admitted)
 
     def _prefill_row(self, req: Request, plan: ChunkPlan, restore: Snapshot | None = None) -> ScheduledRow:
         """The row of one planned chunk; `restore` is the snapshot its slot starts from (admission only)."""
@@ -222,8 +226,8 @@ class Scheduler:
         if not self.kv.allocate(lease, plan.end):
             self.kv.release(lease)
             return None, None
-        if restore is not None:
-            self.snapshots.mark_restored(restore)
+        if restore is not None:  # a snapshot in a lower tier is promoted; its transfer time is kept
+            req.metrics.restore_transfer_s = self.snapshots.mark_restored(restore)
         req.lease, req.prefill, req.status = lease, prefill, RequestStatus.RUNNING
         req.marked_positions, req.speculative_positions = frozenset(own), frozenset(speculative)
         req.slot = self.free_slots.pop()

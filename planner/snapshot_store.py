@@ -8,9 +8,13 @@ exact token ids of the partial block above it. A lookup walks the prompt's own b
 from the deepest allowed block down, so a snapshot is only ever returned for a prompt that
 shares its whole prefix, and the cost is one dict probe per block, not a scan of the store.
 
-A byte budget bounds what is held; eviction is a seam (`EvictionPolicy`): LRU by default,
-and a FLOP-aware policy for the multi-turn study lives beside it (`planner.eviction`, which also
-selects a policy by name).
+A byte budget bounds what the device holds; eviction is a seam (`EvictionPolicy`): LRU by
+default, the others in `planner.eviction` (which also selects a policy by name). Below the device
+there may be tiers (`planner.snapshot_tiers.Tier`: host memory, disk), each with its own budget:
+the policy's victim on a full tier is demoted to the next tier down and dropped only from the
+last; a restore of a demoted snapshot costs its tier's transfer time (returned by
+`mark_restored`) and promotes it to the device again. With no lower tier the store is the flat
+device store it always was.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ from typing import Any, Protocol, Sequence
 
 from kernels.checks import require
 from planner.block_pool import BlockHash
+from planner.snapshot_tiers import Tier
 
 
 @dataclasses.dataclass(eq=False)
 class Snapshot:
+    """One saved SSM state (every Mamba layer's SSD and conv state) after `position` tokens of the
+    prefix its key names, with the bookkeeping eviction reads (recency, hits, FLOPs spared, origin)."""
+
     position: int
     anchor: BlockHash | None  # hash of the full blocks below `position` (None: no full block)
     tail: tuple[int, ...]  # token ids in [floor(position / bs) * bs, position)
@@ -35,6 +43,11 @@ class Snapshot:
     hits: int = 0
     flops_saved: float = 0.0  # recompute this snapshot spares a hit (read by FLOP-aware eviction)
     origin: str = "chunk"  # why it was saved (`ORIGINS`), read by eviction that learns per origin
+    # The chained hashes of the prompt it was saved from (a reference to the request's list, which
+    # only grows: no copy), kept only for an eviction that asks (`needs_prefix`): seglen walks them
+    # to find a snapshot's ancestors. None otherwise, so an unbounded store keeps no request's list.
+    prefix_hashes: Sequence[BlockHash] | None = dataclasses.field(default=None, repr=False)
+    tier: int = 0  # where it is held: 0 the device, i the store's i-th lower tier
 
     @property
     def key(self) -> tuple[BlockHash | None, tuple[int, ...]]:
@@ -49,6 +62,9 @@ ORIGINS = ("chunk", "mark", "speculative", "decode", "oracle")
 
 
 class EvictionPolicy(Protocol):
+    """The extension point of the snapshot store: which snapshot leaves when a new one needs room.
+    Implementations live in `planner.eviction` and are selected by name (`get_eviction`)."""
+
     name: str
 
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
@@ -57,7 +73,12 @@ class EvictionPolicy(Protocol):
     # Optional: `admits(candidate, snapshots) -> bool`, asked only when a new snapshot needs an
     # eviction to fit (speculative ones included): False keeps what is held and drops the new one
     # (counted as `declined`). Without it a speculative snapshot is declined when memory is full.
-    # Optional observers: `saved(snap)`, `restored(snap)`, `evicted(snap)`, called after the fact.
+    # Optional observers: `saved(snap)`, `restored(snap)`, `evicted(snap)` (it left the store), and
+    # `demoted(snap)` (it moved one tier down), called after the fact. The same `choose_victim`
+    # picks who leaves each tier, from that tier's snapshots.
+    # Optional `needs_prefix = True`: the store keeps each snapshot's prompt block hashes
+    # (`Snapshot.prefix_hashes`) for the policy to read; optional `bind(block_size)`, called once
+    # by the store that holds the policy.
 
 
 class LRUEviction:
@@ -72,6 +93,8 @@ class LRUEviction:
 
 @dataclasses.dataclass
 class SnapshotStats:
+    """Counters over a store's lifetime; the trace study reports them per policy."""
+
     saved: int = 0
     saved_bytes: int = 0
     restored: int = 0
@@ -83,28 +106,99 @@ class SnapshotStats:
     duplicates: int = 0  # a save for a prefix already held (refreshed, not stored twice)
     saved_by_origin: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     restored_tokens_by_origin: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # positions summed
+    # per lower tier, by name: moves down (demoted) and back up to the device (promoted), and restores
+    demoted: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    demoted_bytes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    promoted: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    promoted_bytes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    restore_transfer_s: float = 0.0  # summed transfer time of restores from lower tiers
 
 
 class SnapshotStore:
-    def __init__(self, block_size: int, byte_budget: int | None = None, eviction: EvictionPolicy | None = None):
+    """Snapshots keyed by the exact prefix they hold, under an optional byte budget.
+
+    `save` stores (or refreshes) the state after a prompt prefix, evicting through the
+    `EvictionPolicy` to fit; `lookup` returns the deepest snapshot at or below a limit whose prefix
+    is the prompt's own; every save, restore, eviction and decline is counted in `stats`."""
+
+    def __init__(self, block_size: int, byte_budget: int | None = None, eviction: EvictionPolicy | None = None,
+                 lower_tiers: Sequence[Tier] = ()):
         require(block_size >= 1, "block_size", f"must be >= 1, got {block_size}")
         require(byte_budget is None or byte_budget >= 0, "byte_budget",
                 f"must be >= 0 or None (unbounded), got {byte_budget}")
+        names = [t.name for t in lower_tiers]
+        require(len(set(names)) == len(names), "lower_tiers", f"tier names must differ, got {names}")
+        require(not lower_tiers or byte_budget is not None, "lower_tiers",
+                "an unbounded device never demotes: give byte_budget or no lower tier")
         self.block_size = block_size
         self.byte_budget = byte_budget
+        self.lower_tiers = tuple(lower_tiers)
+        self._budgets = (byte_budget, *(t.byte_budget for t in self.lower_tiers))
+        self._bytes = [0] * len(self._budgets)  # bytes held per tier, the device first
         self.eviction = eviction or LRUEviction()
+        bind = getattr(self.eviction, "bind", None)  # an eviction that reads prefixes learns the block
+        if bind is not None:
+            bind(block_size)
         # key -> snapshot in LRU order (oldest first); anchor -> {tail: snapshot} for lookups.
         self._lru: collections.OrderedDict[tuple, Snapshot] = collections.OrderedDict()
         self._by_anchor: dict[BlockHash | None, dict[tuple[int, ...], Snapshot]] = {}
         self._clock = itertools.count(1)
-        self.bytes_held = 0
         self.stats = SnapshotStats()
 
     def __len__(self) -> int:
         return len(self._lru)
 
-    def positions(self) -> list[int]:
-        return sorted(s.position for s in self._lru.values())
+    @property
+    def bytes_held(self) -> int:
+        """Bytes held on the device (the budgeted tier)."""
+        return self._bytes[0]
+
+    def tier_bytes(self) -> dict[str, int]:
+        """Bytes held per tier, the device first."""
+        return dict(zip(("device", *(t.name for t in self.lower_tiers)), self._bytes))
+
+    def tier_name(self, snap: Snapshot) -> str:
+        return "device" if snap.tier == 0 else self.lower_tiers[snap.tier - 1].name
+
+    def positions(self, tier: str | None = None) -> list[int]:
+        """Positions held (in every tier, or in the tier named `tier`)."""
+        return sorted(s.position for s in self._lru.values() if tier is None or self.tier_name(s) == tier)
+
+    def _residents(self, tier: int) -> list[Snapshot]:
+        return [s for s in self._lru.values() if s.tier == tier]
+
+    def _over(self, tier: int, extra: int = 0) -> bool:
+        budget = self._budgets[tier]
+        return budget is not None and self._bytes[tier] + extra > budget
+
+    def _make_room(self, tier: int, nbytes: int, now: int, keep: Snapshot | None = None) -> None:
+        """Move the policy's victims out of `tier` (down a tier, or out of the store from the last)
+        until `nbytes` more fit; `keep` is never chosen."""
+        while self._over(tier, nbytes):
+            candidates = [s for s in self._residents(tier) if s is not keep]
+            victim = self.eviction.choose_victim(candidates, now)
+            self._move_down(victim, now)
+
+    def _move_down(self, snap: Snapshot, now: int) -> None:
+        below = snap.tier + 1
+        if below >= len(self._budgets) or (self._budgets[below] is not None and snap.nbytes > self._budgets[below]):
+            self._evict(snap)
+            return
+        self._make_room(below, snap.nbytes, now)
+        self._bytes[snap.tier] -= snap.nbytes
+        snap.tier = below
+        self._bytes[below] += snap.nbytes
+        name = self.lower_tiers[below - 1].name
+        self.stats.demoted[name] += 1
+        self.stats.demoted_bytes[name] += snap.nbytes
+        self._tell("demoted", snap)
+
+    def _promote(self, snap: Snapshot, now: int) -> None:
+        """Bring a demoted snapshot back to the device, making room there first."""
+        self._bytes[snap.tier] -= snap.nbytes
+        snap.tier = 0
+        self._make_room(0, snap.nbytes, now, keep=snap)
+        self._bytes[0] += snap.nbytes
 
     def _key_parts(self, token_ids: Sequence[int], position: int, block_hashes: Sequence[BlockHash]):
         full = position // self.block_size
@@ -128,22 +222,24 @@ class SnapshotStore:
             existing.last_used = now
             self._lru.move_to_end((anchor, tail))
             self.stats.duplicates += 1
+            if existing.tier:  # the state is in hand on the device: keep it there, no transfer
+                self._promote(existing, now)
             return True
         nbytes = int(state.nbytes)
         if self.byte_budget is not None and nbytes > self.byte_budget:
             self.stats.rejected += 1
             return False
-        snap = Snapshot(position, anchor, tail, state, nbytes, last_used=now, flops_saved=flops_saved, origin=origin)
-        full = self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget
+        snap = Snapshot(position, anchor, tail, state, nbytes, last_used=now, flops_saved=flops_saved, origin=origin,
+                        prefix_hashes=block_hashes if getattr(self.eviction, "needs_prefix", False) else None)
+        full = self._over(0, nbytes)
         admits = getattr(self.eviction, "admits", None)
-        if full and (not admits(snap, list(self._lru.values())) if admits is not None else origin == "speculative"):
+        if full and (not admits(snap, self._residents(0)) if admits is not None else origin == "speculative"):
             self.stats.declined += 1
             return False
-        while self.byte_budget is not None and self.bytes_held + nbytes > self.byte_budget:
-            self._evict(self.eviction.choose_victim(list(self._lru.values()), now))
+        self._make_room(0, nbytes, now)
         self._lru[(anchor, tail)] = snap
         self._by_anchor.setdefault(anchor, {})[tail] = snap
-        self.bytes_held += nbytes
+        self._bytes[0] += nbytes
         self.stats.saved += 1
         self.stats.saved_bytes += nbytes
         self.stats.saved_by_origin[origin] += 1
@@ -161,7 +257,7 @@ class SnapshotStore:
         del bucket[snap.tail]
         if not bucket:
             del self._by_anchor[snap.anchor]
-        self.bytes_held -= snap.nbytes
+        self._bytes[snap.tier] -= snap.nbytes
         self.stats.evicted += 1
         self.stats.evicted_bytes += snap.nbytes
         self._tell("evicted", snap)
@@ -188,14 +284,26 @@ class SnapshotStore:
                 return best
         return None
 
-    def mark_restored(self, snap: Snapshot) -> None:
-        snap.last_used = next(self._clock)
+    def mark_restored(self, snap: Snapshot) -> float:
+        """Count a restore of `snap` (refreshing it); a demoted one is promoted to the device. Returns
+        the seconds its transfer to the device takes (0.0 when it was on the device)."""
+        now = next(self._clock)
+        snap.last_used = now
         snap.hits += 1
         self._lru.move_to_end(snap.key)
         self.stats.restored += 1
         self.stats.restored_bytes += snap.nbytes
         self.stats.restored_tokens_by_origin[snap.origin] += snap.position
+        transfer = 0.0
+        if snap.tier:
+            tier = self.lower_tiers[snap.tier - 1]
+            transfer = tier.transfer_s(snap.nbytes)
+            self.stats.promoted[tier.name] += 1
+            self.stats.promoted_bytes[tier.name] += snap.nbytes
+            self.stats.restore_transfer_s += transfer
+            self._promote(snap, now)
         self._tell("restored", snap)
+        return transfer
 
     def clear(self) -> None:
         """Drop every snapshot (counted as evictions)."""

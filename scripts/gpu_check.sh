@@ -48,6 +48,6 @@ timeout 100 $PY -m experiments.bench.decode_step --out "$W/bench_decode_step" --
     > "$W/bench_decode_step.txt" 2>&1
 
 # 3. The incident at Bamba-9B shapes (random weights), bf16, Triton backend (~1.5 min).
-timeout 150 $PY -m experiments.warm_restore --preset bamba-9b --backend triton --device cuda \
+timeout 150 $PY -m experiments.warm_restore --model bamba-9b --backend triton --device cuda \
     --dtype bfloat16 --repeats 3 --curve-repeats 3 --out "$W/warm_restore" > "$W/warm_restore.txt" 2>&1
 exit "$tests_rc"

@@ -55,7 +55,7 @@ DEFAULT_TESTS = (
     "tests/test_engine_rules.py", "tests/test_cost_rules.py", "tests/test_cost_model.py",
     "tests/test_policies.py", "tests/test_reference_simulator.py", "tests/test_kv_cache_rules.py",
     "tests/test_scheduler_rules.py", "tests/test_runner_rules.py", "tests/test_effective_settings.py",
-    "tests/test_multiturn.py", "tests/test_checkpoint_dp.py", "tests/test_warm_restore.py",
+    "tests/test_multiturn.py", "tests/test_snapshot_dp.py", "tests/test_warm_restore.py",
     "tests/test_ablations.py", "tests/test_step_host_syncs.py", "tests/test_pad_slots.py",
     "tests/test_workloads.py", "tests/test_peer_vllm.py", "tests/test_layering.py",
 )
@@ -545,53 +545,74 @@ def _files(paths) -> list[str]:
         elif full.is_file() and full.suffix == ".py":
             files.append(p)
         else:
-            raise SystemExit(f"error: --paths: {p!r} is neither a folder nor a .py file under {ROOT}")
+            raise ValueError(f"{p!r} is neither a folder nor a .py file of the repository")
     return files
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--paths", nargs="+", default=list(DEFAULT_PATHS), help="folders or files to mutate")
-    parser.add_argument("--tests", nargs="+", default=list(DEFAULT_TESTS), help="test files or node ids to run")
-    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)), help="mutants run at once")
-    parser.add_argument("-k", dest="keyword", default="not triton",
-                        help="pytest -k expression: the Triton interpreter's runs cover no planner line that the "
-                             "torch backend's do not, and under the call profiler they take minutes each")
-    parser.add_argument("--max-test-s", type=float, default=1.5,
-                        help="leave out tests slower than this in the baseline (end-to-end studies): a surviving "
-                             "mutant runs every test that calls its function, and a rule should be pinned by a "
-                             "unit test of its own")
-    parser.add_argument("--test-budget-s", type=float, default=5.0,
-                        help="baseline seconds of covering tests one mutant may run (fastest first): a survivor "
-                             "of the fastest 5 s is a rule no unit test pins")
-    parser.add_argument("--rerun", metavar="REPORT",
-                        help="run only the survivors of this report.json again (after adding tests); the "
-                             "other mutants keep their status in the new report")
-    parser.add_argument("--limit", type=int, default=0, help="run only the first N covered mutants (0: all)")
-    parser.add_argument("--out", default="runs/mutation", help="folder for report.json (results/mutation publishes)")
-    args = parser.parse_args(argv)
+def _comma_list(text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a comma list, got {text!r}")
+    return items
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--paths", type=_comma_list, default=list(DEFAULT_PATHS), help="folders or files to mutate (comma list)")
+    ap.add_argument("--tests", type=_comma_list, default=list(DEFAULT_TESTS),
+                    help="test files or node ids to run (comma list)")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)), help="mutants run at once")
+    ap.add_argument("-k", dest="keyword", default="not triton",
+                    help="pytest -k expression: the Triton interpreter's runs cover no planner line that the "
+                         "torch backend's do not, and under the call profiler they take minutes each")
+    ap.add_argument("--max-test-s", type=float, default=1.5,
+                    help="leave out tests slower than this in the baseline (end-to-end studies): a surviving "
+                         "mutant runs every test that calls its function, and a rule should be pinned by a "
+                         "unit test of its own")
+    ap.add_argument("--test-budget-s", type=float, default=5.0,
+                    help="baseline seconds of covering tests one mutant may run (fastest first): a survivor "
+                         "of the fastest 5 s is a rule no unit test pins")
+    ap.add_argument("--rerun", metavar="REPORT",
+                    help="run only the survivors of this report.json again (after adding tests); the "
+                         "other mutants keep their status in the new report")
+    ap.add_argument("--limit", type=int, default=0, help="run only the first N covered mutants (0: all)")
+    ap.add_argument("--out", default="runs/mutation", help="folder for report.json (results/mutation publishes)")
+    return ap
+
+
+def checked_args(ap: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """Parsed flags, each checked, the previous report read and the output folder made, before any work."""
+    args = ap.parse_args(argv)
     if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+        ap.error(f"argument --jobs: must be >= 1, got {args.jobs}")
     if args.limit < 0:
-        parser.error(f"--limit must be >= 0, got {args.limit}")
-    args.files = _files(args.paths)
+        ap.error(f"argument --limit: must be >= 0, got {args.limit}")
+    try:
+        args.files = _files(args.paths)
+    except ValueError as exc:
+        ap.error(f"argument --paths: {exc}")
     args.previous = None
     if args.rerun:
         try:
             args.previous = json.loads(pathlib.Path(args.rerun).read_text())
             args.previous["survivors"], args.previous["mutants"]  # noqa: B018 - the keys this needs
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            parser.error(f"--rerun {args.rerun!r}: not a report of this script ({type(exc).__name__}: {exc})")
+            ap.error(f"argument --rerun: {args.rerun}: not a report of this script ({type(exc).__name__}: {exc})")
+    args.out_folder = ROOT / args.out
+    try:
+        args.out_folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        ap.error(f"argument --out: {args.out}: cannot create the folder ({exc.strerror})")
+    return args
+
+
+def main(argv=None) -> int:
+    args = checked_args(parser(), argv)
     tests = [t for t in args.tests if (ROOT / t.split("::")[0]).exists()]
     missing = sorted(set(args.tests) - set(tests))
     if missing:
         print(f"note: skipping missing test files {missing}", file=sys.stderr)
-    out = ROOT / args.out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        parser.error(f"--out {args.out!r}: cannot create the folder ({exc.strerror})")
     import pytest
 
     plugin = MutationPlugin(args)
@@ -606,6 +627,7 @@ def main(argv=None) -> int:
     result["slow_tests_left_out"] = sorted(plugin.items[i].nodeid for i, d in plugin.durations.items()
                                            if d > args.max_test_s)
     result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    out = args.out_folder
     (out / "report.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "report.md").write_text(markdown(result))
     print(f"score {result['score']}  {result['counts']}  -> {out / 'report.json'}")

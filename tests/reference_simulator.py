@@ -59,6 +59,7 @@ from planner.policies.registry import get_policy
 LEARNED_PRIOR = (1.0, 9.0)  # Beta(prior_hits, prior_misses), planner/eviction.py LearnedValueEviction defaults
 LEARNED_HISTORY = 4096  # restore counts kept for this many evicted keys
 FLOP_AWARE_ALPHA = 1.0
+SEGLEN_WEIGHT = 0.85  # SGLang PR #22172's example weight, planner/eviction.py SeglenEviction's default
 
 
 @dataclasses.dataclass
@@ -195,7 +196,34 @@ class RefLearnedValue:
         return not held or mine > min(self.credit[h.tokens] for h in held)
 
 
-EVICTIONS = {"lru": lambda nbytes: RefLRU(), "flop_aware": RefFlopAware, "learned_value": RefLearnedValue}
+class RefSeglen:
+    """recency + weight * (replay to the nearest held snapshot on the same token prefix), both
+    min-max normalized; the ancestor found by comparing tokens, not hashes."""
+
+    name = "seglen"
+    has_admits = False
+
+    def __init__(self, nbytes: int):
+        pass
+
+    @staticmethod
+    def seglen(h: Held, held: list) -> int:
+        below = [g.position for g in held if g.position < h.position and h.tokens[:g.position] == g.tokens]
+        return h.position - max(below, default=0)
+
+    def victim(self, held: list) -> Held:
+        recency = min_max([float(h.last_used) for h in held])
+        seglen = min_max([float(self.seglen(h, held)) for h in held])
+        utility = [r + SEGLEN_WEIGHT * g for r, g in zip(recency, seglen)]
+        best = 0
+        for i in range(1, len(held)):
+            if utility[i] < utility[best]:  # strict: the least recently used of equals stays the victim
+                best = i
+        return held[best]
+
+
+EVICTIONS = {"lru": lambda nbytes: RefLRU(), "flop_aware": RefFlopAware, "learned_value": RefLearnedValue,
+             "seglen": RefSeglen}
 
 
 # ------------------------------------------------------------------ the snapshot store

@@ -11,9 +11,10 @@ import json
 
 import pytest
 
-from experiments import ablations, sweep_parts
+from experiments.ablations import study as ablations
+from experiments.common import sweep_parts
 
-COMMON = ["--preset", "tiny", "--repeats", "2", "--threads", "1"]
+COMMON = ["--model", "tiny", "--repeats", "2", "--threads", "1"]
 
 
 def rows_by(out, name):
@@ -22,7 +23,7 @@ def rows_by(out, name):
 
 def test_prompt_length_sweep_scaled_incident_and_capture(tmp_path):
     out = tmp_path / "pl"
-    assert ablations.main(["prompt-len", *COMMON, "--lengths", "40,260", "--block-size", "4", "--budget", "64",
+    assert ablations.main(["prompt-len", *COMMON, "--prompt-len", "40,260", "--block-size", "4", "--prefill-budget", "64",
                            "--interval", "0", "--out", str(out)]) == 0
     for f in ("prompt_len.csv", "prompt_len.json", "prompt_len.png", "parts/prompt_len.part0of1.json"):
         assert (out / f).is_file(), f
@@ -54,8 +55,8 @@ def test_prompt_length_sweep_scaled_incident_and_capture(tmp_path):
 
 def test_interval_sweep_restores_at_the_deepest_checkpoint_under_a_partial_match(tmp_path):
     out = tmp_path / "iv"
-    assert ablations.main(["interval", *COMMON, "--intervals", "0,2,8", "--prompt-len", "260", "--block-size", "4",
-                           "--budget", "16", "--shared-prefixes", "50,130", "--suffix-len", "8", "--out", str(out)]) == 0
+    assert ablations.main(["interval", *COMMON, "--interval", "0,2,8", "--prompt-len", "260", "--block-size", "4",
+                           "--prefill-budget", "16", "--shared-prefixes", "50,130", "--suffix-len", "8", "--out", str(out)]) == 0
     rows = rows_by(out, "interval")
     ident = {r["interval_blocks"]: r for r in rows if r["request"] == "identical"}
     # budget 16 (+1 slot, floored): chunk ends every 16 tokens; split point 252
@@ -77,7 +78,7 @@ def test_interval_sweep_restores_at_the_deepest_checkpoint_under_a_partial_match
 
 def test_capture_modes_cost_a_pass_or_the_tail(tmp_path):
     out = tmp_path / "cap"
-    assert ablations.main(["capture", *COMMON, "--lengths", "40", "--block-size", "4", "--budget", "64",
+    assert ablations.main(["capture", *COMMON, "--prompt-len", "40", "--block-size", "4", "--prefill-budget", "64",
                            "--out", str(out)]) == 0
     got = {r["capture_mode"]: r for r in rows_by(out, "capture")}
     assert {m: r["cold_prefill_passes"] for m, r in got.items()} == {"in_pass": 1, "two_pass": 2, "none": 1}
@@ -86,13 +87,14 @@ def test_capture_modes_cost_a_pass_or_the_tail(tmp_path):
     assert (out / "capture.png").is_file()
 
 
-def test_shards_write_parts_and_merge_combines_them(tmp_path):
+def test_shards_write_parts_and_merge_combines_them(tmp_path, capsys):
     out = tmp_path / "bs"
-    args = ["block-size", *COMMON, "--block-sizes", "4,8", "--prompt-len", "260", "--budget", "64", "--out", str(out)]
+    args = ["block-size", *COMMON, "--block-size", "4,8", "--prompt-len", "260", "--prefill-budget", "64", "--out", str(out)]
     assert ablations.main([*args, "--shard", "0/2"]) == 0
     assert not (out / "block_size.csv").exists()  # a shard alone does not merge
-    with pytest.raises(sweep_parts.IncompleteSweep, match="missing shards \\[1\\]"):
+    with pytest.raises(SystemExit) as exc:  # an incomplete sweep is a usage error naming what is missing
         ablations.main([*args, "--merge"])
+    assert exc.value.code == 2 and "missing shards [1]" in capsys.readouterr().err.strip().splitlines()[-1]
     assert ablations.main([*args, "--shard", "1/2"]) == 0
     assert ablations.main([*args, "--merge"]) == 0
     got = {(r["block_size"], r["label"]): r for r in rows_by(out, "block_size")}
@@ -103,14 +105,14 @@ def test_shards_write_parts_and_merge_combines_them(tmp_path):
         (8, "legacy"): (193, 67), (8, "aligned"): (248, 12)}
     assert (out / "block_size.png").is_file()
     # A rerun with another split replaces the old parts instead of mixing with them.
-    assert ablations.main([*args, "--budget", "32"]) == 0
+    assert ablations.main([*args, "--prefill-budget", "32"]) == 0
     assert sorted(p.name for p in (out / "parts").iterdir()) == ["block_size.part0of1.json"]
 
 
 def test_a_point_that_fails_the_logit_check_is_not_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(ablations, "FP32_LOGIT_TOL", -1.0)  # nothing can pass: every point must be withheld
     out = tmp_path / "fail"
-    assert ablations.main(["prompt-len", *COMMON, "--lengths", "40", "--block-size", "4", "--budget", "64",
+    assert ablations.main(["prompt-len", *COMMON, "--prompt-len", "40", "--block-size", "4", "--prefill-budget", "64",
                            "--out", str(out)]) == 1
     meta = json.loads((out / "prompt_len.json").read_text())
     assert len(meta["failed_points"]) == 3 and "max abs logit diff" in meta["failed_points"][0]["error"]

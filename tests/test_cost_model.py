@@ -44,7 +44,7 @@ NEW_TOKENS = 140  # not a multiple of the scan's chunk: the torch scan pads 140 
 
 def torch_scan_kernel() -> ScanKernel:
     backend = get_backend("torch")
-    assert not backend.scan_chunk_from_config  # the torch scan keeps its own chunk
+    assert not backend.capabilities.scan_chunk_from_config  # the torch scan keeps its own chunk
     chunk = inspect.signature(backend.ssd_scan).parameters["chunk_size"].default
     assert chunk == 128
     return ScanKernel(chunk=chunk, causal=False, padded=True)
@@ -128,7 +128,7 @@ def test_params_are_the_built_models_matrices(preset):
 
 
 @pytest.mark.parametrize("preset,total,active", [
-    # model/config.py's comments: Granite-4.0-H micro 3.19 B, tiny 6.94 B (1.47 B active), small 32.2 B (8.8 B
+    # the presets' comments (model/families/): Granite-4.0-H micro 3.19 B, tiny 6.94 B (1.47 B active), small 32.2 B (8.8 B
     # active), as IBM publishes (3 B; 7 B / 1 B; 32 B / 9 B); Nemotron 3 Nano 31.58 B / 3.58 B (the model
     # card: 31.6 B / ~3.5 B); Nemotron-H-8B 8,100,852,736 (a published per-tensor breakdown, vectors
     # included: 0.01% more than the matrices); Bamba-9B 9.78 B (tests/test_cost_rules.py by hand).

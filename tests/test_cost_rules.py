@@ -20,7 +20,8 @@ import dataclasses
 import pytest
 
 from experiments.traces.cost import Roofline, ShapeCost
-from model.config import HybridConfig, MoEConfig, layer_types_from_pattern
+from model.config import HybridConfig, MoEConfig
+from model.families.nemotron_h import layer_types_from_pattern
 from model.cost import FeedForward, ModelCost, ScanKernel
 from model.hybrid import HybridLM
 

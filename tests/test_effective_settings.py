@@ -29,14 +29,17 @@ import argparse
 
 import pytest
 
-from experiments import ablations, peer_vllm, plan_incident, warm_restore
+from experiments.ablations import study as ablations
+from experiments.peer_vllm import study as peer_vllm
+from experiments.plan_incident import study as plan_incident
+from experiments.warm_restore import study as warm_restore
 from experiments.multiturn import cli as multiturn_cli
 from experiments.multiturn.run import RunConfig, engine_for
-from experiments.runs import dense_serve
+from experiments.common.runs import dense_serve
 from experiments.traces.cost import ShapeCost
 from experiments.traces.runner import SimClock
 from experiments.traces.simulate import SimConfig, build_engine
-from model.config import PRESETS
+from model.families import PRESETS
 from model.engine import EFFECTIVE_KEYS, Engine, ModelShape
 from model.loading import from_preset
 from planner.policies.registry import POLICIES
@@ -54,6 +57,7 @@ def table(padded: int, kernel: int) -> dict:
         "vllm-junction": (16, padded, True, padded, "lru"),  # vllm-state, grid "state"
         "sglang": (16, 0, True, kernel, "lru"),  # kv, grid "kernel": 16 and 256 are multiples of 16
         "marconi": (16, 0, True, 0, "flop_aware"),  # kv, grid "block"
+        "ollama": (16, 0, True, 0, "lru"),  # kv, grid "block"
         "ours-plus": (16, 0, True, 0, "learned_value"),
         "optimum": (16, 0, True, 0, "lru"),
     }
@@ -75,7 +79,7 @@ def tiny():
 
 # ------------------------------------------------------------------ each study's own constructor
 def warm_restore_settings(model, policy: str) -> dict:
-    args = argparse.Namespace(block_size=BLOCK, budget=BUDGET, prompt_len=PROMPT, interval=0)
+    args = argparse.Namespace(block_size=BLOCK, prefill_budget=BUDGET, prompt_len=PROMPT, interval=0)
     return warm_restore.policy_engine(model, policy, args).effective_settings
 
 
@@ -102,7 +106,7 @@ def multiturn_settings(study, policy: str, **config) -> dict:
 
 def traces_settings(cost: ShapeCost, policy: str, **config) -> dict:
     cfg = SimConfig(policy, block_size=BLOCK, prefill_budget=BUDGET, max_batch_size=2, kv_pool_gb=0.001, **config)
-    return build_engine(cfg, cost, SimClock(), {}, {}).effective_settings
+    return build_engine(cfg, cost, SimClock()).effective_settings
 
 
 def plan_incident_settings(model_name: str, policy: str) -> dict:

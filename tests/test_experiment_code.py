@@ -17,7 +17,7 @@ def functions(path: Path):
 
 def test_sources_found():
     names = {p.relative_to(EXPERIMENTS).as_posix() for p in SOURCES}
-    assert {"runs.py", "warm_restore.py", "ablations.py", "multiturn/run.py", "workloads/synthetic.py"} <= names
+    assert {"common/runs.py", "warm_restore/study.py", "ablations/study.py", "multiturn/run.py", "workloads/synthetic.py"} <= names
 
 
 def test_no_function_longer_than_80_lines():
@@ -43,3 +43,13 @@ def test_engines_are_built_only_through_the_policy_aware_constructors():
             elif getattr(func, "id", None) == "Engine":
                 direct.append(p.relative_to(EXPERIMENTS).as_posix())
     assert direct == [] and builders <= BUILDERS and {"for_model", "for_placeholder", "for_runner"} <= builders
+
+
+def test_experiments_are_grouped_by_study():
+    """experiments/ holds one package per study plus `common/` (issue 19): no loose modules, and each
+    study a user runs with `python -m experiments.<study>` has its `__main__`."""
+    loose = sorted(p.name for p in EXPERIMENTS.glob("*.py") if p.name != "__init__.py")
+    assert not loose, loose
+    for study in ("warm_restore", "plan_incident", "ablations", "multiturn", "traces", "workloads", "peer_vllm"):
+        assert (EXPERIMENTS / study / "__main__.py").is_file(), study
+    assert (EXPERIMENTS / "common" / "__init__.py").is_file()

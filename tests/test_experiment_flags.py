@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import ablations, plan_incident, warm_restore
+from experiments.ablations import study as ablations
+from experiments.plan_incident import study as plan_incident
+from experiments.warm_restore import study as warm_restore
 from experiments.multiturn import cli as multiturn
-from model.config import PRESETS
+from model.families import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
 MAINS = {
@@ -75,7 +77,7 @@ def test_a_device_this_machine_lacks(tmp_path, capsys, name):
 def test_a_corrupt_checkpoint_file_is_named(tmp_path, capsys, name):
     out, ckpt = tmp_path / "out", corrupt_checkpoint(tmp_path / "ckpt")
     line = usage_error(capsys, lambda: MAINS[name](out, "--model", str(ckpt)))
-    assert f"argument --model/--preset: {ckpt / 'model.safetensors'}: not a readable safetensors file" in line
+    assert f"argument --model: {ckpt / 'model.safetensors'}: not a readable safetensors file" in line
     assert not out.exists()
 
 
@@ -88,15 +90,15 @@ def test_a_checkpoint_missing_tensors_fails_at_load_naming_the_folder(tmp_path, 
     save_file({"unrelated": torch.zeros(3)}, ckpt / "model.safetensors")  # readable, but not this model's
     out = tmp_path / "out"
     line = usage_error(capsys, lambda: MAINS["warm_restore"](out, "--model", str(ckpt)))
-    assert f"argument --model/--preset: {ckpt}: checkpoint does not load:" in line and "missing tensor" in line
+    assert f"argument --model: {ckpt}: checkpoint does not load:" in line and "missing tensor" in line
     assert not out.exists()
 
 
 @pytest.mark.parametrize("args, flag", [
     (["--repeats", "0"], "--repeats"), (["--interval", "-1"], "--interval"), (["--threads", "-2"], "--threads"),
-    (["--model", "no-such-preset"], "--model/--preset"), (["--policy", "legacy"], "--policy"),
+    (["--model", "no-such-preset"], "--model"), (["--policy", "legacy"], "--policy"),
     (["--seed", "x"], "--seed"),
-    (["--block-size", "16", "--budget", "8"], "--budget")])
+    (["--block-size", "16", "--prefill-budget", "8"], "--prefill-budget")])
 def test_warm_restore_other_flags(tmp_path, capsys, args, flag):
     out = tmp_path / "out"
     assert f"argument {flag}:" in usage_error(capsys, lambda: MAINS["warm_restore"](out, *args))
@@ -104,7 +106,7 @@ def test_warm_restore_other_flags(tmp_path, capsys, args, flag):
 
 
 @pytest.mark.parametrize("args, flag", [
-    (["--budgets", "16,0"], "--budgets"), (["--shard", "2/2"], "--shard"), (["--policy", "nope"], "--policy")])
+    (["--prefill-budget", "16,0"], "--prefill-budget"), (["--shard", "2/2"], "--shard"), (["--policy", "nope"], "--policy")])
 def test_ablations_other_flags(tmp_path, capsys, args, flag):
     out = tmp_path / "out"
     assert f"argument {flag}:" in usage_error(capsys, lambda: MAINS["ablations"](out, *args))
@@ -121,7 +123,7 @@ def test_multiturn_other_flags(tmp_path, capsys, args, flag):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("module", ["experiments.warm_restore", "experiments.multiturn"])
+@pytest.mark.parametrize("module", ["experiments.warm_restore.study", "experiments.multiturn"])
 def test_the_command_line_ends_in_one_usage_line(tmp_path, module):
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-m", module, "--block-size", "0", "--out", str(out)], cwd=REPO,

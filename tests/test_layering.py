@@ -145,8 +145,8 @@ def test_the_checker_finds_every_kind_of_violation():
     cases = {
         ("kernels.fake", "from model.batch import SequenceChunk\n"): "kernels layer imports model.batch",
         ("kernels.fake", "import planner.scheduler\n"): "kernels layer imports planner.scheduler",
-        ("kernels.fake", "def f():\n    from experiments import results_io\n"):
-            "kernels layer imports experiments.results_io",
+        ("kernels.fake", "def f():\n    from experiments.common import results_io\n"):
+            "kernels layer imports experiments.common.results_io",
         ("planner.fake", "from model.cache import SSMState\n"): "planner layer imports model.cache",
         ("planner.fake", "from kernels.ssd_scan import ssd_scan\n"): "planner layer imports kernels.ssd_scan",
         ("model.fake", "from model.engine import Engine\n"): "model layer imports model.engine",
@@ -180,7 +180,7 @@ def test_the_checker_finds_every_kind_of_violation():
 
 # The shared workload package serves every study, so it imports no study: of experiments/, only
 # itself and the shared helpers.
-WORKLOADS_MAY_IMPORT = ("experiments.workloads", "experiments.results_io")
+WORKLOADS_MAY_IMPORT = ("experiments.workloads", "experiments.common")
 
 
 def project_imports(source: str, importer: str, is_package: bool = False) -> list[tuple[int, str]]:
@@ -216,7 +216,7 @@ def test_the_workload_package_imports_no_study():
         "1: experiments.multiturn.run"]
     assert study_imports("import experiments.traces.simulate\n", "experiments.workloads.x") == [
         "1: experiments.traces.simulate"]
-    assert study_imports("from .request import WorkloadRequest\nfrom experiments import results_io\n",
+    assert study_imports("from .request import WorkloadRequest\nfrom experiments.common import results_io\n",
                          "experiments.workloads.x") == []
 
 
@@ -247,3 +247,46 @@ def test_the_policies_package_imports_nothing_above_it():
         "1: planner.scheduler"]
     assert outside_imports("from .base import PlanContext\nfrom kernels.checks import require\n",
                            "planner.policies.x", POLICIES_MAY_IMPORT) == []
+
+
+# A family is one module of model/families/ (with helper modules named after it, e.g. nemotron_h_moe)
+# plus its line in the registry (model/families/__init__.py). So outside model/families/ the
+# project reaches families only through the registry (`model.families`) and the shared interface
+# (`model.families.base`), and a family module imports no other family's module.
+REGISTRY_MODULES = ("model.families", "model.families.base")
+
+
+def family_imports(source: str, importer: str, is_package: bool = False) -> list[str]:
+    """Imports of a model.families module that bypass the registry, as "line: module"."""
+    found = []
+    for line, m in dict.fromkeys(project_imports(source, importer, is_package)):
+        if not m.startswith("model.families.") or m in REGISTRY_MODULES:
+            continue
+        family = m.split(".")[2]
+        if importer.startswith("model.families.") and importer != "model.families":
+            own = importer.split(".")[2]  # a family module and its helpers: nemotron_h, nemotron_h_moe
+            if family.startswith(own) or own.startswith(family):
+                continue
+        found.append(f"{line}: {m}")
+    return found
+
+
+def test_families_are_reached_through_the_registry():
+    found = []
+    for package in PACKAGES:
+        for p in sorted((REPO / package).rglob("*.py")):
+            name = module_name(p, REPO)
+            if name == "model.families":  # the registry lists the families
+                continue
+            found += [f"{p.relative_to(REPO)}:{v}" for v in family_imports(p.read_text(), name,
+                                                                            p.name == "__init__.py")]
+    assert not found, "imports a family module past the registry (model.families):\n" + "\n".join(found)
+    # the check itself: a family module imported from outside fires, and one family importing another
+    assert family_imports("from model.families import bamba\n", "model.cost") == ["1: model.families.bamba"]
+    assert family_imports("from model.families.granite import PRESETS\n", "experiments.x") == [
+        "1: model.families.granite"]
+    assert family_imports("from model.families import granite\n", "model.families.bamba") == [
+        "1: model.families.granite"]
+    assert family_imports("from model.families import PRESETS, get_family\nfrom model.families.base import Family\n",
+                          "model.loading") == []
+    assert family_imports("from model.families.nemotron_h_moe import NemotronHMoE\n", "model.families.nemotron_h") == []

@@ -14,11 +14,31 @@ import torch
 
 from conftest import DEVICE
 from model import SequenceChunk, from_preset
+from model.backends import BACKENDS, Capabilities, get_backend
 from model_helpers import max_abs, one_thread, tokens  # noqa: F401  (one_thread: autouse)
 
 LOGIT_ATOL = 1e-4  # fp32 logits, max abs (as the chunked == whole tests)
 STATE_ATOL = 1e-5  # fp32 conv / SSM states and KV, max abs
 BLOCK_SIZE = 16  # the Triton paged-attention kernel takes pages of 16..256 tokens
+
+
+def test_backends_declare_their_capabilities_and_the_model_never_checks_a_name():
+    """Where the backends differ beyond the ops' signatures, each declares it (issue 19); the model
+    reads the declaration, and no source line of the model compares a backend's name."""
+    import pathlib
+    import re
+
+    assert BACKENDS == ("torch", "triton")
+    torch_ops, triton_ops = get_backend("torch"), get_backend("triton")
+    assert torch_ops.capabilities == Capabilities() and torch_ops.conv_widths is None  # any width
+    assert triton_ops.capabilities == Capabilities(scan_chunk_from_config=True, scan_state_pool=True,
+                                                   conv_state_pool=True, conv_width_per_kernel=True)
+    assert triton_ops.conv_widths == (4,)  # both conv kernels' WIDTH
+    root = pathlib.Path(__file__).resolve().parents[1] / "model"
+    by_name = [f"{p.relative_to(root.parent)}:{i}" for p in sorted(root.rglob("*.py"))
+               for i, line in enumerate(p.read_text().splitlines(), 1)
+               if re.search(r"""[!=]=\s*["'](?:torch|triton)["']""", line)]
+    assert not by_name, by_name
 
 
 @pytest.fixture(scope="module")

@@ -162,7 +162,7 @@ def test_nemotron_experts_grouped_equal_the_loop_without_host_reads(monkeypatch)
     no host read; the loop is what the family parity tests check against transformers."""
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip("this torch has no _grouped_mm")
-    import model.moe_nemotron as nemotron
+    import model.families.nemotron_h_moe as nemotron
 
     experts = nemotron.ReluSquaredExperts(32, 6, 16)
     g = torch.Generator().manual_seed(3)

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from model import PRESETS, HybridConfig, HybridLM, SequenceChunk, from_preset, load_pretrained, save_pretrained
 from model.engine import Engine
-from model.moe_nemotron import SigmoidGroupedTopKRouter
+from model.families.nemotron_h_moe import SigmoidGroupedTopKRouter
 from model.norms import RMSNorm
 from model_helpers import max_abs, one_thread, perturb_parameters, tokens  # noqa: F401  (one_thread: autouse)
 

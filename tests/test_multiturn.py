@@ -99,7 +99,7 @@ def read(path):
 
 def test_study_end_to_end_on_the_tiny_model(tmp_path):
     out = tmp_path / "mt"
-    assert main(["--preset", "tiny", "--quick", "--threads", "1", "--block-size", "4",
+    assert main(["--model", "tiny", "--quick", "--threads", "1", "--block-size", "4",
                            "--prefill-budget", "32", "--interval", "4", "--snapshot-budget", "2",
                            "--out", str(out)]) == 0
     for f in ("summary.csv", "requests.csv", "multiturn.json", "multiturn.png"):
@@ -142,7 +142,7 @@ def test_study_end_to_end_on_the_tiny_model(tmp_path):
     assert all(int(r["restore_at"]) <= int(r["kv_match_tokens"]) for r in requests)
     # The placeholder runner reproduces every planner figure (other tokens, same lengths and ticks).
     ph = tmp_path / "ph"
-    assert main(["--runner", "placeholder", "--preset", "tiny", "--quick", "--block-size", "4",
+    assert main(["--runner", "placeholder", "--model", "tiny", "--quick", "--block-size", "4",
                            "--prefill-budget", "32", "--interval", "4", "--snapshot-budget", "2", "--out", str(ph)]) == 0
     keys = ("token_hit_rate", "ssm_restore_depth", "replayed_tokens", "snapshots_saved", "snapshots_evicted",
             "snapshots_restored")

@@ -1,4 +1,4 @@
-"""experiments.peer_vllm: argument checks, settings, result shaping (no vLLM needed), and the
+"""experiments.peer_vllm.study: argument checks, settings, result shaping (no vLLM needed), and the
 comparison itself on tiny prompts when vllm imports here or PEER_VLLM_PYTHON names a python with it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from experiments import peer_vllm as pv
-from experiments import peer_vllm_report as rep
+from experiments.peer_vllm import study as pv
+from experiments.peer_vllm import report as rep
 from model.loading import load_pretrained
 
 

@@ -258,6 +258,27 @@ TRTLLM = [
     row("restore-at-period", 4097, 16, 8192, kv=4096, restore=4096, ends=[4097], snaps=[]),
 ]
 
+# ---------------------------------------------------------------- ollama (x/mlxrunner/pipeline.go)
+OLLAMA = [
+    # Every 8192 (8192, 16384 < 20000) and 20000 - 4 = 19996, each a stop and saved as a mark;
+    # 8192 and 16384 are budget ends too; [16384, 20000) stops at 19996.
+    row("periodic-and-end", 20000, 16, 8192, marks=[8192, 16384, 19996], ends=[8192, 16384, 19996, 20000],
+        snaps=[8192, 16384, 19996]),
+    # ollama's own 2048-token chunks: plain ends do not save; 8192 and 9000 - 4 = 8996 do.
+    row("chunks-2048", 9000, 16, 2048, marks=[8192, 8996], ends=[2048, 4096, 6144, 8192, 8996, 9000],
+        snaps=[8192, 8996]),
+    # No period under 100; 96 = 100 - 4 (on a block boundary by chance).
+    row("n=100", 100, 16, 8192, marks=[96], ends=[96, 100], snaps=[96]),
+    # n=103: 99, not block-aligned, is still a stop (the snapshot sits at the exact token).
+    row("n=103", 103, 16, 8192, marks=[99], ends=[99, 103], snaps=[99]),
+    # n=5: 1; n=4: 0 is no position, no mark.
+    row("n=5", 5, 16, 8192, marks=[1], ends=[1, 5], snaps=[1]),
+    row("n=4", 4, 16, 8192, ends=[4], snaps=[]),
+    # Restored at 16384 with match 16384: only 19996 is above it; ollama has no junction mark.
+    row("restore-16384", 20000, 16, 8192, kv=16384, restore=16384, marks=[19996], ends=[19996, 20000],
+        snaps=[19996]),
+]
+
 # ---------------------------------------------------------------- marconi (arXiv 2411.19379)
 MARCONI = [
     # Junction 992 stops the chunk (saved); no split capture, no other save.
@@ -360,6 +381,11 @@ def test_marconi(case):
     check("marconi", case)
 
 
+@pytest.mark.parametrize("case", OLLAMA)
+def test_ollama(case):
+    check("ollama", case)
+
+
 @pytest.mark.parametrize("case", OURS_PLUS)
 def test_ours_plus(case):
     check("ours-plus", case)
@@ -405,7 +431,7 @@ def test_policies_without_marks(name):
 
 
 @pytest.mark.parametrize("name", ["legacy", "aligned", "vllm-align", "vllm-junction", "sglang", "trtllm",
-                                  "marconi", "optimum"])
+                                  "marconi", "ollama", "optimum"])
 def test_only_ours_plus_speculates(name):
     assert get_policy(name).speculative_marks(0, 0, 5000, PlanContext(16)) == ()
 

@@ -22,10 +22,11 @@ ENGINE_DEFAULTS = {  # name: (kv_block, decode_grid, eviction, needs_oracle)
     "sglang": ("kv", "kernel", "lru", False),
     "trtllm": ("kv", None, "lru", False),
     "marconi": ("kv", "block", "flop_aware", False),
+    "ollama": ("kv", "block", "lru", False),
     "ours-plus": ("kv", "block", "learned_value", False),
     "optimum": ("kv", "block", "lru", True),
 }
-MARK_MODES = {"vllm-junction": "stop", "trtllm": "stop", "marconi": "stop", "sglang": "capture",
+MARK_MODES = {"vllm-junction": "stop", "trtllm": "stop", "marconi": "stop", "ollama": "stop", "sglang": "capture",
               "ours-plus": "capture", "optimum": "capture", "legacy": "stop", "aligned": "stop", "vllm-align": "stop"}
 
 
@@ -37,7 +38,7 @@ def test_each_policy_carries_its_engine_defaults_and_source(name):
     assert len(policy.source) > 40 and type(policy).__doc__.split() == policy.source.split()
 
 
-def test_the_registry_is_the_nine_policies_and_read_only():
+def test_the_registry_is_the_ten_policies_and_read_only():
     assert sorted(POLICIES) == sorted(ENGINE_DEFAULTS)
     with pytest.raises(TypeError):
         POLICIES["greedy"] = POLICIES["aligned"]

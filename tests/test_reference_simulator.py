@@ -51,7 +51,7 @@ TRACES = int(os.environ.get("REF_SIM_TRACES", "10"))
 # 2048 grid under a full LRU store (69), a duplicate save under a budget (72).
 RARE_SEEDS = (14, 21, 50, 69, 72)
 SEEDS = tuple(range(TRACES)) + tuple(s for s in RARE_SEEDS if s >= TRACES)
-PEERS = ("legacy", "aligned", "vllm-align", "vllm-junction", "sglang", "trtllm", "marconi", "ours-plus")
+PEERS = ("legacy", "aligned", "vllm-align", "vllm-junction", "sglang", "trtllm", "marconi", "ollama", "ours-plus")
 GAP_S = 1000.0  # a request of <= 9,300 tokens takes well under a simulated second
 VOCAB = 30_000
 SHAPES = ("bamba-9b", "nemotron-h-8b")  # kernel chunk 256 and 128
@@ -205,7 +205,8 @@ def compare(case: dict, policy: str, bounded: bool, eviction: str | None) -> tup
 
 # ------------------------------------------------------------------ the comparison
 MODES = [(p, False, None) for p in PEERS] + [(p, True, None) for p in PEERS] \
-    + [("marconi", True, "lru"), ("ours-plus", True, "lru"), ("optimum", False, None), ("optimum", True, "lru")]
+    + [("marconi", True, "lru"), ("ours-plus", True, "lru"), ("optimum", False, None), ("optimum", True, "lru")] \
+    + [(p, True, "seglen") for p in ("vllm-align", "marconi", "ours-plus")]
 
 
 @pytest.mark.parametrize("policy,bounded,eviction", MODES,

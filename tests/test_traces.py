@@ -137,11 +137,13 @@ def _scaled_trace(tmp_path, n=40, scale=24):
 @pytest.mark.parametrize("policy,budget", [("ours-plus", 0.2), ("vllm-junction", None), ("marconi", 0.2),
                                            ("legacy", None), ("sglang", None), ("trtllm", 0.13)])
 def test_simulator_equals_the_placeholder_engine(tmp_path, policy, budget):
+    # The simulator's runner checks the KV just below each row; the placeholder engine's re-hashes the
+    # whole prefix under every row (a shared block overwritten anywhere fails): the same records.
     path = _scaled_trace(tmp_path)
     for reading in ("as-given", "chains"):
         requests = list(MooncakeTrace(path, reading).requests())
         runs = [simulate(requests, SimConfig(policy, budget_gb=budget, prefill_budget=256, max_batch_size=4,
-                                             kv_pool_gb=0.05, runner=r)) for r in ("hash", "placeholder")]
+                                             kv_pool_gb=0.05, check_whole_prefix=whole)) for whole in (False, True)]
         fast, slow = ([dataclass_tuple(x) for x in run["records"]] for run in runs)
         assert fast == slow and len(fast) == len(requests)
         keys = ("kv_hit_tokens", "ssm_hit_tokens", "replayed_tokens", "forwards", "snapshots_saved",
@@ -156,12 +158,13 @@ def dataclass_tuple(record):
             tuple(record.chunk_ends), tuple(record.snapshot_positions), record.ttft_s)
 
 
-def test_hash_runner_catches_a_wrong_restore():
-    from experiments.traces.runner import HashRunner
+@pytest.mark.parametrize("whole", [False, True])
+def test_the_simulators_runner_catches_a_wrong_restore(whole):
     from model.batch import SequenceChunk
+    from model.engine import PlaceholderRunner
     import torch
 
-    r = HashRunner(1, 4, 4, emit_logits=False)
+    r = PlaceholderRunner(1, 4, 4, check_whole_prefix=whole)
     r.forward([SequenceChunk(torch.arange(8), 0, [0, 1], 0)])
     state = r.read_state(0)
     r.forward([SequenceChunk(torch.arange(3), 8, [0, 1, 2], 0)])
@@ -180,7 +183,7 @@ def test_command_writes_the_summary(tmp_path):
     path = _scaled_trace(tmp_path, n=12)
     out = tmp_path / "out"
     assert main(["--trace", "mooncake-conversation", "--trace-file", str(path), "--reading", "as-given,chains",
-                 "--policies", "vllm-align,ours-plus", "--budget-gb", "0.2,inf", "--limit", "12",
+                 "--policy", "vllm-align,ours-plus", "--budget-gb", "0.2,inf", "--limit", "12",
                  "--kv-pool-gb", "0.2", "--prefill-budget", "1024", "--max-batch-size", "4", "--out", str(out),
                  "--no-plots"]) == 0
     s = json.loads((out / "summary.json").read_text())
@@ -202,9 +205,11 @@ def test_command_names_a_bad_line(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}) + "\n"
                    + json.dumps({"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [1]}) + "\n")
-    assert main(["--trace", "mooncake-conversation", "--trace-file", str(bad), "--policies", "aligned",
-                 "--out", str(tmp_path / "o")]) == 1
-    assert f"{bad}:2 hash_ids: has 1 ids" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--trace", "mooncake-conversation", "--trace-file", str(bad), "--policy", "aligned",
+              "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    assert f"{bad}:2 hash_ids: has 1 ids" in capsys.readouterr().err.strip().splitlines()[-1]
     assert not (tmp_path / "o").exists()
 
 
@@ -228,7 +233,7 @@ def test_ray_sweep_on_two_cpus_matches_the_shards(tmp_path):
     from experiments.traces.__main__ import main
 
     path = _scaled_trace(tmp_path, n=10)
-    common = ["--trace", "mooncake-conversation", "--trace-file", str(path), "--policies", "aligned,ours-plus",
+    common = ["--trace", "mooncake-conversation", "--trace-file", str(path), "--policy", "aligned,ours-plus",
               "--budget-gb", "0.2,inf", "--kv-pool-gb", "0.2", "--prefill-budget", "1024", "--max-batch-size", "4",
               "--no-plots"]
     assert main([*common, "--ray", "--ray-cpus", "2", "--ray-tasks", "2", "--out", str(tmp_path / "ray")]) == 0
@@ -268,7 +273,7 @@ def test_budgeted_optimum_follows_the_future(tmp_path):
 def test_command_eviction_override_and_origin_counts(tmp_path):
     from experiments.traces.__main__ import main
 
-    common = ["--trace", "synthetic", "--policies", "ours-plus,marconi", "--limit", "30", "--kv-pool-gb", "1",
+    common = ["--trace", "synthetic", "--policy", "ours-plus,marconi", "--limit", "30", "--kv-pool-gb", "1",
               "--budget-gb", "0.2", "--no-plots"]  # three 62 MB Bamba-9B snapshots
     assert main([*common, "--out", str(tmp_path / "own")]) == 0
     assert main([*common, "--eviction", "lru", "--out", str(tmp_path / "lru")]) == 0
@@ -292,7 +297,7 @@ def test_command_runs_the_synthetic_chat_sessions(tmp_path):
     from experiments.traces.__main__ import main
 
     out = tmp_path / "out"
-    assert main(["--trace", "synthetic", "--policies", "aligned,ours-plus", "--limit", "30", "--kv-pool-gb", "1",
+    assert main(["--trace", "synthetic", "--policy", "aligned,ours-plus", "--limit", "30", "--kv-pool-gb", "1",
                  "--out", str(out), "--no-plots"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["trace"] == "synthetic" and s["reading"] == "chains" and s["requests"] == 30
@@ -302,7 +307,7 @@ def test_command_runs_the_synthetic_chat_sessions(tmp_path):
 
 
 def test_a_killed_shard_resumes_with_the_points_it_finished(tmp_path):
-    from experiments import sweep_parts
+    from experiments.common import sweep_parts
 
     points = [{"x": i} for i in range(5)]
     measured = []

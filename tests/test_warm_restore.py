@@ -9,9 +9,10 @@ import statistics
 
 import torch
 
-from experiments import warm_restore, warm_restore_families
-from experiments.results_io import read_csv
-from experiments.runs import build_model
+from experiments.warm_restore import study as warm_restore
+from experiments.warm_restore import families as warm_restore_families
+from experiments.common.results_io import read_csv
+from experiments.common.runs import build_model
 from model.loading import from_preset, save_pretrained
 
 
@@ -31,7 +32,7 @@ def test_a_checkpoint_folder_builds_the_same_model_as_its_preset(tmp_path):
 def test_scaled_incident_with_paired_repeats_and_machine_load(tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "wr"
     save_checkpoint(ckpt)
-    assert warm_restore.main(["--model", str(ckpt), "--prompt-len", "260", "--block-size", "4", "--budget", "64",
+    assert warm_restore.main(["--model", str(ckpt), "--prompt-len", "260", "--block-size", "4", "--prefill-budget", "64",
                               "--interval", "0", "--repeats", "3", "--curve-repeats", "1", "--out", str(out)]) == 0
     result = json.loads((out / "warm_restore.json").read_text())
     legacy, aligned = result["legacy"], result["aligned"]
@@ -68,10 +69,10 @@ def test_family_table_reads_each_run(tmp_path):
     """One row per warm_restore.json under the root, the family taken from the model's config."""
     root = tmp_path / "wr"
     for preset in ("tiny", "granite-tiny"):
-        assert warm_restore.main(["--model", preset, "--prompt-len", "260", "--block-size", "4", "--budget", "64",
+        assert warm_restore.main(["--model", preset, "--prompt-len", "260", "--block-size", "4", "--prefill-budget", "64",
                                   "--interval", "0", "--repeats", "1", "--curve-repeats", "1",
                                   "--out", str(root / preset)]) == 0
-    assert warm_restore_families.main(["--root", str(root)]) == 0
+    assert warm_restore_families.main(["--out", str(root)]) == 0
     rows = read_csv(root / "families.csv")
     assert [(r["model"], r["family"]) for r in rows] == [("granite-tiny", "granitemoehybrid"), ("tiny", "bamba")]
     for r in rows:

@@ -9,23 +9,21 @@ ratio to the floor (issue 11's goal: <= 1.15 at batch 1).
 Correctness first: the graph step's logits must equal the eager step's within the bf16 tolerance
 on the same inputs, else the batch is not reported and the script exits 1.
 
-    python -m experiments.bench.decode_step --out results/bench_decode_step
-    python -m experiments.bench.decode_step --preset tiny --batches 1,4     # a quick smoke run
+    python -m experiments.bench.decode_step --publish                       # results/bench_decode_step/
+    python -m experiments.bench.decode_step --model tiny --batches 1,4      # a quick smoke run (runs/...)
 
 On a machine without CUDA it says so and exits 0 without writing anything.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-from experiments.results_io import RESULTS, environment, write_json
+from experiments.common.results_io import environment, log, write_json
 from kernels.testing import tolerance
 
 
@@ -59,26 +57,43 @@ def time_steps(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+RECORD = "bench_decode_step"
+
+
+def parser():
+    from experiments.bench import preset_name
+    from experiments.common.flags import int_in_range, int_list, new_parser
+    from experiments.common.outputs import add_out_flags
+
+    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.decode_step")
+    p.add_argument("--model", type=preset_name, default="bamba-9b", help="model preset (random weights)")
+    p.add_argument("--batches", type=int_list(1), default="1,16,64", metavar="B,...",
+                   help="decode batch sizes, comma-separated")
+    p.add_argument("--context", type=int_in_range(1), default=4096, help="tokens already in every row's cache")
+    p.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size")
+    p.add_argument("--repeats", type=int_in_range(1), default=20, help="timed steps per variant (median reported)")
+    add_out_flags(p, RECORD)
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="bamba-9b", help="model preset (random weights)")
-    p.add_argument("--batches", default="1,16,64", help="comma-separated decode batch sizes")
-    p.add_argument("--context", type=int, default=4096, help="tokens already in every row's cache")
-    p.add_argument("--block-size", type=int, default=16, help="KV block size")
-    p.add_argument("--repeats", type=int, default=20, help="timed steps per variant (median reported)")
-    p.add_argument("--out", type=Path, default=RESULTS / "bench_decode_step", help="output folder (JSON)")
+    from experiments.common.outputs import precheck_out, report_written, resolve_out
+
+    p = parser()
     args = p.parse_args(argv)
+    precheck_out(p, args.out)
     if not torch.cuda.is_available():
-        print("decode_step: no CUDA device; nothing measured")
+        log("decode_step: no CUDA device; nothing measured, nothing written")
         return 0
+    resolve_out(p, args)
     from model import SequenceChunk, from_preset
     from model.decode_graph import DecodeGraphs
 
     torch.manual_seed(0)
-    model = from_preset(args.preset, backend="triton", seed=0, dtype=torch.bfloat16, device="cuda")
+    model = from_preset(args.model, backend="triton", seed=0, dtype=torch.bfloat16, device="cuda")
     weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
     bw = copy_bandwidth()
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     bs = args.block_size
     blocks_per_row = -(-(args.context + args.repeats + 8) // bs)
     rows_out, failed = [], False
@@ -106,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = all(torch.allclose(g.float(), w.float(), **tol) for g, w in zip(got, want))
         del eager_cache
         if not ok:
-            print(f"batch {B}: graph step != eager step; not reported")
+            log(f"batch {B}: graph step != eager step; not reported")
             failed = True
             continue
         step = [1]
@@ -123,11 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         rows_out.append(dict(batch=B, context=args.context, graph_ms=t_graph * 1e3, eager_ms=t_eager * 1e3,
                              weight_stream_ms=floor * 1e3, graph_over_floor=t_graph / floor,
                              eager_over_floor=t_eager / floor))
-        print(rows_out[-1])
+        log(str(rows_out[-1]))
         del graphs, cache
         torch.cuda.empty_cache()
-    write_json(args.out / "decode_step.json", dict(environment=environment("cuda"), preset=args.preset,
-                                                   weight_bytes=weight_bytes, copy_bandwidth_Bps=bw, rows=rows_out))
+    path = write_json(args.out / "decode_step.json",
+                      dict(environment=environment("cuda"), preset=args.model, weight_bytes=weight_bytes,
+                           copy_bandwidth_Bps=bw, rows=rows_out))
+    report_written([path])
     return 1 if failed else 0
 
 

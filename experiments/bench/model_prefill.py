@@ -18,17 +18,20 @@ the last-token logits of the two must agree to `--atol` (fp32); otherwise nothin
 the script exits 1.
 
     python -m experiments.bench.model_prefill          # each family's CPU preset, 8192 tokens, 5 repeats
-    python -m experiments.bench.model_prefill --preset tiny --tokens 2048 --repeats 3
-    python -m experiments.bench.model_prefill --model granite-small-cpu --model path/to/checkpoint
+    python -m experiments.bench.model_prefill --model tiny --tokens 2048 --repeats 3
+    python -m experiments.bench.model_prefill --model granite-small-cpu,path/to/checkpoint
+    python -m experiments.bench.model_prefill --publish   # the committed record, results/bench_model_prefill/
 
-Writes results/bench_model_prefill/bench.csv (one row per timed call, with device, versions and
-config), summary.json (medians and ratio per model) and bench.png (drawn from the CSV).
+Needs transformers (optional extra `bench`: pip install -e '.[bench]'). Writes bench.csv (one row per
+timed call, with device, versions and config), summary.json (medians and ratio per model) and
+bench.png (drawn from the CSV) into a new runs/bench_model_prefill/<timestamp>/ (or --out / --publish).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import sys
 import tempfile
@@ -37,40 +40,55 @@ from pathlib import Path
 
 import torch
 
-from experiments.results_io import RESULTS, environment, read_csv, save_figure, write_csv, write_json
+from experiments.common.results_io import environment, log, read_csv, write_csv, write_json
 from model import PRESETS, SequenceChunk, from_preset, load_pretrained, save_pretrained
 
 GOAL_RATIO = 1.5  # issues #5 and #10: torch-backend prefill >= 1.5x transformers at 8192 tokens
-# The reduced CPU preset of each family, run when no --preset/--model is given.
+# The reduced CPU preset of each family, run when no --model is given.
 DEFAULT_MODELS = ("small", "granite-small-cpu", "granite-dense-cpu", "nemotron-h-small-cpu")
 OURS = "ours_torch_forward_batch"
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                   help="one model preset (same as --model PRESET)")
-    p.add_argument("--model", action="append", default=None,
-                   help="a preset name or a checkpoint folder; repeat for several (default: "
-                        f"{', '.join(DEFAULT_MODELS)}, one per family)")
-    p.add_argument("--tokens", type=int, default=8192, help="prompt length in tokens (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per implementation (default: %(default)s)")
-    p.add_argument("--block-size", type=int, default=16, help="KV block size of our cache (default: %(default)s)")
-    p.add_argument("--threads", default=None,
-                   help="torch thread counts to time, comma-separated, e.g. 2,1 (default: all cores, then 1: "
+RECORD = "bench_model_prefill"
+EXTRA = "bench"  # pyproject.toml: transformers, the side this benchmark compares against
+CSV_COLUMNS = ("impl", "threads", "repeat", "tokens", "seconds", "tokens_per_s", "preset", "device_name")
+
+
+def model_list(text: str) -> list[str]:
+    """Comma-separated presets or checkpoint folders (each checked by `flags.model_name`), distinct."""
+    from experiments.common.flags import model_name
+
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items or len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct comma-separated presets or checkpoint folders, got {text!r}")
+    return [model_name(x) for x in items]
+
+
+def parser():
+    from experiments.common.flags import add_replot_flag, float_in_range, int_in_range, int_list, new_parser
+    from experiments.common.outputs import add_out_flags
+
+    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.model_prefill")
+    p.add_argument("--model", type=model_list, default=",".join(DEFAULT_MODELS), metavar="MODEL,...",
+                   help="presets or checkpoint folders, comma-separated (default: one CPU preset per family)")
+    p.add_argument("--tokens", type=int_in_range(1), default=8192, help="prompt length in tokens")
+    p.add_argument("--repeats", type=int_in_range(1), default=5, help="timed calls per implementation")
+    p.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size of our cache")
+    p.add_argument("--threads", type=int_list(1), default=None, metavar="N,...",
+                   help="torch thread counts to time, comma-separated, e.g. 2,1 (absent: all cores, then 1: "
                         "one thread is the reading least disturbed by other processes on shared cores)")
-    p.add_argument("--seed", type=int, default=0, help="weights and prompt seed (default: %(default)s)")
-    p.add_argument("--atol", type=float, default=1e-4,
-                   help="max abs last-token logit difference allowed before timing (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=RESULTS / "bench_model_prefill",
-                   help="output folder (default: %(default)s)")
-    p.add_argument("--plot-only", action="store_true", help="redraw bench.png from an existing bench.csv")
-    args = p.parse_args(argv)
-    args.models = list(args.model or []) + ([args.preset] if args.preset else [])
-    args.models = args.models or list(DEFAULT_MODELS)
-    for m in args.models:
-        if m not in PRESETS and not (Path(m) / "config.json").is_file():
-            p.error(f"--model: {m!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a checkpoint folder")
+    p.add_argument("--seed", type=int_in_range(0, 2**32 - 1), default=0, help="weights and prompt seed")
+    p.add_argument("--atol", type=float_in_range(0), default=1e-4,
+                   help="max abs last-token logit difference allowed before timing")
+    add_out_flags(p, RECORD)
+    add_replot_flag(p)
+    return p
+
+
+def parse_args(argv=None):
+    args = parser().parse_args(argv)
+    args.models = args.model
     return args
 
 
@@ -108,7 +126,7 @@ def bench_model(args, name: str, threads_list: list[int]):
 
     # correctness gate (also the warm-up call of each)
     diff = (run_ours() - run_theirs()).abs().max().item()
-    print(f"{label}: last-token logits: max abs diff {diff:.3g} (gate {args.atol})")
+    log(f"{label}: last-token logits: max abs diff {diff:.3g} (gate {args.atol})")
     if not diff <= args.atol:
         return None, None, diff
 
@@ -129,13 +147,13 @@ def bench_model(args, name: str, threads_list: list[int]):
                 rows.append({"impl": impl, "threads": threads, "repeat": rep, "tokens": T, "seconds": round(wall, 4),
                              "cpu_seconds": round(cpu, 4), "tokens_per_s": round(T / wall, 1),
                              "max_abs_logit_diff": diff, "preset": label, **env, "config": str(config)})
-                print(f"{label} {threads} thr {impl:>30}  repeat {rep}: {wall:7.3f} s  ({T / wall:8.1f} tok/s, "
-                      f"cpu {cpu:.2f} s)", flush=True)
+                log(f"{label} {threads} thr {impl:>30}  repeat {rep}: {wall:7.3f} s  ({T / wall:8.1f} tok/s, "
+                    f"cpu {cpu:.2f} s)")
         summary_by_threads[threads] = _summarize([r for r in rows if r["threads"] == threads], theirs_impl)
         s = summary_by_threads[threads]
-        print(f"{label} {threads} thr median: ours {s['median_seconds'][OURS]:.3f} s, transformers "
-              f"{s['median_seconds'][theirs_impl]:.3f} s -> {s['speedup_ours_over_transformers']:.2f}x (goal "
-              f"{GOAL_RATIO}x); by min {s['speedup_by_min']:.2f}x, by cpu time {s['speedup_by_cpu_seconds']:.2f}x")
+        log(f"{label} {threads} thr median: ours {s['median_seconds'][OURS]:.3f} s, transformers "
+            f"{s['median_seconds'][theirs_impl]:.3f} s -> {s['speedup_ours_over_transformers']:.2f}x (goal "
+            f"{GOAL_RATIO}x); by min {s['speedup_by_min']:.2f}x, by cpu time {s['speedup_by_cpu_seconds']:.2f}x")
     summary = {"model_type": ours.config.model_type, "transformers_impl": theirs_impl,
                "by_threads": summary_by_threads, "max_abs_logit_diff": diff, "config": config}
     return rows, summary, diff
@@ -158,14 +176,55 @@ def _summarize(rows: list[dict], theirs: str) -> dict:
     }
 
 
+def replot(out: Path) -> list[Path]:
+    """bench.png again from bench.csv in `out` (checked first: a bad CSV is an InputError naming it)."""
+    from experiments.common.inputs import InputError, read_csv as read_rows
+
+    read_rows(out / "bench.csv", CSV_COLUMNS, what="a bench_model_prefill CSV")
+    try:
+        plot(out / "bench.csv", out / "bench.png")
+    except (KeyError, TypeError, ValueError, IndexError, statistics.StatisticsError) as err:
+        raise InputError(f"{out / 'bench.csv'}: not a bench_model_prefill CSV ({type(err).__name__}: {err})") from None
+    return [out / "bench.png"]
+
+
+def headline(by_model: dict) -> list[tuple]:
+    """Ours / transformers (median) per model at its first thread count, beside the committed summary."""
+    from experiments.common.inputs import InputError, read_json
+    from experiments.common.outputs import record_folder
+
+    try:
+        committed = read_json(record_folder(RECORD) / "summary.json", ("by_model",))["by_model"]
+    except InputError:
+        committed = {}
+    rows = []
+    for label, s in list(by_model.items())[:4]:
+        threads, mine = next(iter(s["by_threads"].items()))
+        theirs = committed.get(label, {}).get("by_threads", {}).get(str(threads), {})
+        rows.append((f"{label} ours/transformers, {threads} thr", mine["speedup_ours_over_transformers"],
+                     theirs.get("speedup_ours_over_transformers")))
+    return rows
+
+
 def main(argv=None) -> int:
+    from experiments.common.inputs import fail_on_input_error
+
+    return fail_on_input_error(parser)(_main)(argv)
+
+
+def _main(argv=None) -> int:
+    from experiments.common.inputs import require_extra
+    from experiments.common.outputs import beside_record, precheck_out, report_written, resolve_out, writes_record
+
     args = parse_args(argv)
-    csv_path, png_path = args.out / "bench.csv", args.out / "bench.png"
-    if args.plot_only:
-        plot(csv_path, png_path)
+    precheck_out(parser(), args.out)
+    if args.replot:
+        resolve_out(parser(), args, reading="--replot")
+        report_written(replot(args.out))
         return 0
-    threads_list = ([int(t) for t in args.threads.split(",")] if args.threads
-                    else sorted({torch.get_num_threads(), 1}, reverse=True))
+    require_extra("transformers", EXTRA, "experiments.bench.model_prefill (the transformers side)")
+    resolve_out(parser(), args)
+    threads_list = args.threads or sorted({torch.get_num_threads(), 1}, reverse=True)
     rows, by_model = [], {}
     for name in args.models:
         model_rows, summary, diff = bench_model(args, name, threads_list)
@@ -179,24 +238,25 @@ def main(argv=None) -> int:
         "models": list(by_model), "tokens": args.tokens, "repeats": args.repeats, "block_size": args.block_size,
         "goal": GOAL_RATIO, "by_model": by_model, "environment": environment("cpu"),
     }
-    write_csv(csv_path, rows)
-    write_json(args.out / "summary.json", summary)
-    plot(csv_path, png_path)
-    print(f"wrote {csv_path}, {args.out / 'summary.json'}, {png_path}")
+    written = [write_csv(args.out / "bench.csv", rows), write_json(args.out / "summary.json", summary)]
+    written += replot(args.out)
+    if not writes_record(args.out):
+        beside_record(headline(json.loads(json.dumps(by_model, default=str))), RECORD)
+    report_written(written)
     return 0
 
 
 def plot(csv_path: Path, png_path: Path) -> None:
-    import matplotlib
+    """Median prefill tokens/s per model, ours against transformers (dots: every repeat), and the goal:
+    ours >= GOAL_RATIO x transformers (a goldenrod bar over ours)."""
+    from experiments.common import figure_style as fs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = fs.pyplot()
     rows = read_csv(csv_path)
     models = list(dict.fromkeys(r["preset"] for r in rows))
     threads = list(dict.fromkeys(r["threads"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models) + 1.0, 3.8), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    fig, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models) + 1.0, 4.4), squeeze=False)
+    for n, (ax, model) in enumerate(zip(axes[0], models)):
         mine = [r for r in rows if r["preset"] == model]
         impls = list(dict.fromkeys(r["impl"] for r in mine))  # ours first, then transformers
         width = 0.8 / len(impls)
@@ -205,21 +265,31 @@ def plot(csv_path: Path, png_path: Path) -> None:
             for j, th in enumerate(threads):
                 tps = [float(r["tokens_per_s"]) for r in mine if r["impl"] == impl and r["threads"] == th]
                 x = j + (k - (len(impls) - 1) / 2) * width
-                ax.bar(x, statistics.median(tps), width, color=["tab:blue", "tab:gray"][k % 2],
+                ax.bar(x, statistics.median(tps), width, color=fs.color(impl),
                        label=impl.replace("_", " ") if j == 0 else None)
                 ax.scatter([x] * len(tps), tps, color="black", s=8, zorder=3)
-        for th in threads:
+        for j, th in enumerate(threads):
             med = {i: statistics.median(float(r["seconds"]) for r in mine if r["impl"] == i and r["threads"] == th)
                    for i in impls}
             ratios.append(f"{th} thr: {med[impls[1]] / med[impls[0]]:.2f}x")
+            theirs = statistics.median(float(r["tokens_per_s"]) for r in mine if r["impl"] == impls[1]
+                                       and r["threads"] == th)
+            x = j - (len(impls) - 1) / 2 * width
+            fs.goal_marks(ax, [x], [GOAL_RATIO * theirs], f"ours >= {GOAL_RATIO}x transformers" if j == 0 else None,
+                          ms=30)
         ax.set_xticks(range(len(threads)), [f"{t} thread(s)" for t in threads])
-        ax.set_ylabel("prefill tokens / s (bars: median; dots: repeats)")
-        ax.legend(fontsize=7)
-        r0 = mine[0]
-        ax.set_title(f"{model}, {r0['tokens']} tokens, fp32, {r0['device_name']}\n"
-                     f"ours / transformers: {', '.join(ratios)} (goal {GOAL_RATIO}x)", fontsize=8)
-    save_figure(fig, png_path)
-    plt.close(fig)
+        if n == 0:
+            ax.set_ylabel("prefill tokens / s (bars: median; dots: repeats)")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.35)  # room for the legend above the bars
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=6.5, loc="upper right")
+        ax.set_title(f"{model}\nours / transformers: {', '.join(ratios)}", fontsize=8)
+    r0 = rows[0] if rows else {}
+    fs.title(fig, "Model prefill: our torch path against transformers",
+             workload=f"one {r0.get('tokens')}-token prompt", model=f"{', '.join(models)} (fp32)",
+             device=f"{r0.get('device_name')}, measured",
+             extra=[f"goal: ours >= {GOAL_RATIO}x transformers"])
+    fs.save(fig, png_path)
 
 
 if __name__ == "__main__":

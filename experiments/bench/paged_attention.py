@@ -16,65 +16,85 @@
 * The Triton kernel is timed twice: the launch alone (`paged_attention.launch` of a plan made once:
   column ``ms``) and the public call with its host-side checks (``ms_call``).
 
-Writes ``results/bench_paged_attention/bench.csv`` (device, versions, config, numbers; rewritten
-after every config) and a PNG drawn from the CSV by `plot`. On a machine without CUDA it says so
-and exits 0 without writing anything.
+Writes ``bench.csv`` (device, versions, config, numbers; rewritten after every config) and a PNG drawn
+from the CSV by `plot`, into a new ``runs/bench_paged_attention/<timestamp>/`` (``--publish``:
+``results/bench_paged_attention/``). The attention shape is a model preset's (``--model``).
+On a machine without CUDA it says so and exits 0 without writing anything.
 
     python -m experiments.bench.paged_attention                    # the full sweep (H200: minutes)
     python -m experiments.bench.paged_attention --batches 1 --contexts 32768 --prefixes 0
-    python -m experiments.bench.paged_attention --plot-only        # redraw the PNG from the CSV
+    python -m experiments.bench.paged_attention --replot --out DIR  # redraw the PNG from DIR/bench.csv
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
 
 import torch
 
-from experiments.results_io import RESULTS, environment, read_csv, save_figure, write_csv
+from experiments.common.results_io import environment, log, read_csv, write_csv
 from kernels.testing import tolerance
 
 CSV_NAME = "bench.csv"
 PNG_NAME = "bench.png"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+RECORD = "bench_paged_attention"
+CSV_COLUMNS = ("device", "kind", "impl", "batch", "context", "correct", "ms", "gbps", "tflops", "copy_gbps")
+
+
+def int_list_or_none(lo: int):
+    """Comma-separated integers >= lo, or '' for none."""
+    from experiments.common.flags import int_list
+
+    check = int_list(lo)
+    return lambda text: [] if not text.strip() else check(text)
+
+
+def parser():
+    from experiments.common.flags import add_replot_flag, float_in_range, int_in_range, int_list, new_parser
+    from experiments.bench import preset_name
+    from experiments.common.outputs import add_out_flags
+
+    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.paged_attention")
+    add_out_flags(p, RECORD)
+    p.add_argument("--model", type=preset_name, default="bamba-9b",
+                   help="model preset whose attention shape to time (query heads, KV heads, head dim)")
+    p.add_argument("--batches", type=int_list(1), default="1,4,16,64", metavar="B,...",
+                   help="decode batch sizes, comma-separated")
+    p.add_argument("--contexts", type=int_list(1), default="1024,4096,16384,32768,131072", metavar="T,...",
+                   help="decode context lengths in tokens, comma-separated")
+    p.add_argument("--prefill-queries", type=int_in_range(1), default=8192, help="query tokens in the prefill chunk")
+    p.add_argument("--prefixes", type=int_list_or_none(0), default="0,4096,8192,16384,32768", metavar="T,...",
+                   help="cached-prefix lengths for the prefill chunk, comma-separated; '' for none")
+    p.add_argument("--mixed-chunks", type=int_list_or_none(1), default="512,8192", metavar="T,...",
+                   help="fresh prefill chunk lengths of the mixed batches, comma-separated; '' for none")
+    p.add_argument("--mixed-context", type=int_in_range(1), default=32768,
+                   help="context of the decode row beside each mixed chunk")
+    p.add_argument("--block-size", type=int_in_range(1), default=16, help="KV cache block (page) size")
+    p.add_argument("--flex-page-size", type=int_in_range(1), default=128,
+                   help="page size of the FlexAttention peer's own cache; flex needs it equal to its KV block")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="input dtype")
+    p.add_argument("--max-kv-gib", type=float_in_range(0, lo_open=True), default=32.0,
+                   help="skip configs whose paged K+V cache exceeds this many GiB; peers copy it once more")
+    p.add_argument("--no-peers", action="store_true", help="time only the Triton kernel")
+    p.add_argument("--warmup", type=int_in_range(1), default=25, help="do_bench warmup, ms")
+    p.add_argument("--rep", type=int_in_range(1), default=100, help="do_bench repetition time, ms")
+    p.add_argument("--seed", type=int_in_range(0, 2**32 - 1), default=0, help="random seed")
+    add_replot_flag(p)
+    return p
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=RESULTS / "bench_paged_attention",
-                   help="output folder for the CSV and PNG (default: %(default)s)")
-    p.add_argument("--batches", default="1,4,16,64", help="decode batch sizes, comma-separated (default: %(default)s)")
-    p.add_argument("--contexts", default="1024,4096,16384,32768,131072",
-                   help="decode context lengths in tokens, comma-separated (default: %(default)s)")
-    p.add_argument("--prefill-queries", type=int, default=8192,
-                   help="query tokens in the prefill chunk (default: %(default)s)")
-    p.add_argument("--prefixes", default="0,4096,8192,16384,32768",
-                   help="cached-prefix lengths for the prefill chunk, comma-separated (default: %(default)s)")
-    p.add_argument("--mixed-chunks", default="512,8192",
-                   help="fresh prefill chunk lengths of the mixed batches, comma-separated; '' for none "
-                        "(default: %(default)s)")
-    p.add_argument("--mixed-context", type=int, default=32768,
-                   help="context of the decode row beside each mixed chunk (default: %(default)s)")
-    p.add_argument("--num-q-heads", type=int, default=32, help="query heads (default: %(default)s)")
-    p.add_argument("--num-kv-heads", type=int, default=8, help="KV heads (default: %(default)s)")
-    p.add_argument("--head-dim", type=int, default=128, help="head dimension (default: %(default)s)")
-    p.add_argument("--block-size", type=int, default=16, help="KV cache block (page) size (default: %(default)s)")
-    p.add_argument("--flex-page-size", type=int, default=128,
-                   help="page size of the FlexAttention peer's own cache; flex needs it equal to its KV "
-                        "block (default: %(default)s)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype (default: %(default)s)")
-    p.add_argument("--max-kv-gib", type=float, default=32.0,
-                   help="skip configs whose paged K+V cache exceeds this many GiB; peers copy it once more "
-                        "(default: %(default)s)")
-    p.add_argument("--no-peers", action="store_true", help="time only the Triton kernel")
-    p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (default: %(default)s)")
-    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--plot-only", action="store_true", help="only redraw the PNG from an existing CSV")
-    return p.parse_args(argv)
+    from model.families import PRESETS
+
+    args = parser().parse_args(argv)
+    c = PRESETS[args.model]
+    args.num_q_heads, args.num_kv_heads, args.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    return args
 
 
 def _ints(text: str) -> list[int]:
@@ -302,9 +322,9 @@ def run_mixed(chunk, args, env, do_bench, rows, device) -> bool:
         if ok:
             ms = do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
             row["ms"] = f"{ms:.4f}"
-            print(f"  {impl:<24} {checked.describe():<26} {ms:9.4f} ms")
+            log(f"  {impl:<24} {checked.describe():<26} {ms:9.4f} ms")
         else:
-            print(f"  {impl:<24} {checked.describe():<26} WRONG (max abs err {err:.3g}): not reported")
+            log(f"  {impl:<24} {checked.describe():<26} WRONG (max abs err {err:.3g}): not reported")
         all_ok &= ok
         rows.append(row)
     return all_ok
@@ -346,10 +366,10 @@ def run_config(kind, pb, args, env, do_bench, copy_gbps, rows):
                        pct_copy_bw=f"{100 * nbytes / (ms * 1e-3) / 1e9 / copy_gbps:.1f}",
                        tflops=f"{flops / (ms * 1e-3) / 1e12:.1f}",
                        ms_call="" if ms_call is None else f"{ms_call:.4f}")
-            print(f"  {impl:<22} {note:<24} {ms:9.4f} ms {row['gbps']:>8} GB/s ({row['pct_copy_bw']}% of copy) "
-                  f"{row['tflops']:>7} TFLOP/s")
+            log(f"  {impl:<22} {note:<24} {ms:9.4f} ms {row['gbps']:>8} GB/s ({row['pct_copy_bw']}% of copy) "
+                f"{row['tflops']:>7} TFLOP/s")
         else:
-            print(f"  {impl:<22} {note:<24} WRONG (max abs err {err:.3g}): not reported")
+            log(f"  {impl:<22} {note:<24} WRONG (max abs err {err:.3g}): not reported")
         rows.append(row)
         return ok
 
@@ -386,38 +406,45 @@ FIELDS = ["device", "torch", "triton", "python", "kind", "impl", "note", "batch"
 
 
 def plot(csv_path: Path, png_path: Path) -> None:
-    """Decode GB/s against context (per batch, with the copy bandwidth), prefill TFLOP/s against prefix."""
-    import matplotlib
+    """Decode GB/s against context (per batch, with the copy bandwidth and the 85% goal), prefill TFLOP/s
+    against prefix (with the goal: >= 0.9x SDPA's)."""
+    from experiments.common import figure_style as fs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = fs.pyplot()
     rows = [r for r in read_csv(csv_path) if r.get("correct") == "True" and r.get("ms")]
-    fig, (ax_d, ax_p) = plt.subplots(1, 2, figsize=(13, 5))
-    styles = {"triton_paged": "-o", "sdpa_contiguous": "--s", "flex_paged": ":^"}
-    for impl, style in styles.items():
-        for batch in sorted({int(r["batch"]) for r in rows if r["kind"] == "decode"}):
+    fig, (ax_d, ax_p) = plt.subplots(1, 2, figsize=(14, 5))
+    batches = sorted({int(r["batch"]) for r in rows if r["kind"] == "decode"})
+    batch_ls = dict(zip(batches, ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 1)))))
+    for impl in ("triton_paged", "sdpa_contiguous", "flex_paged"):
+        for batch in batches:
             pts = sorted((int(r["context"]), float(r["gbps"])) for r in rows
                          if r["kind"] == "decode" and r["impl"] == impl and int(r["batch"]) == batch)
             if pts:
-                ax_d.plot(*zip(*pts), style, label=f"{impl} B={batch}", alpha=1.0 if impl == "triton_paged" else 0.5)
+                ax_d.plot(*zip(*pts), **fs.line(impl, linestyle=batch_ls.get(batch, "-")), label=f"{impl} B={batch}",
+                          alpha=1.0 if impl == "triton_paged" else 0.6)
         pts = sorted((int(r["context"]), float(r["tflops"])) for r in rows
                      if r["kind"] == "prefill" and r["impl"] == impl)
         if pts:
-            ax_p.plot(*zip(*pts), style, label=impl)
+            ax_p.plot(*zip(*pts), **fs.line(impl), label=impl)
+    sdpa = sorted((int(r["context"]), float(r["tflops"])) for r in rows
+                  if r["kind"] == "prefill" and r["impl"] == "sdpa_contiguous")
+    if sdpa:
+        fs.goal_marks(ax_p, [x for x, _ in sdpa], [0.9 * y for _, y in sdpa], "triton_paged >= 0.9x SDPA's")
     copy = [float(r["copy_gbps"]) for r in rows if r.get("copy_gbps")]
     if copy:
         ax_d.axhline(copy[0], color="k", lw=0.8, label=f"copy {copy[0]:.0f} GB/s")
-        ax_d.axhline(0.85 * copy[0], color="k", lw=0.8, ls="--", label="85% of copy")
+        fs.goal_line(ax_d, 0.85 * copy[0], "decode >= 85% of copy", where="left")
     device = rows[0]["device"] if rows else "?"
-    ax_d.set(xscale="log", xlabel="context (tokens)", ylabel="GB/s", title=f"decode, {device}")
-    ax_p.set(xlabel="cached prefix (tokens)", ylabel="TFLOP/s", title="prefill chunk")
+    ax_d.set(xscale="log", xlabel="context (tokens)", ylabel="GB/s")
+    ax_d.set_title("decode (line style: batch)", fontsize=10)
+    ax_p.set(xlabel="cached prefix (tokens)", ylabel="TFLOP/s")
+    ax_p.set_title("prefill chunk", fontsize=10)
     for ax in (ax_d, ax_p):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, png_path)
-    plt.close(fig)
+        fs.legend_outside(ax)
+    fs.title(fig, "Paged attention: decode bandwidth and prefill-chunk throughput",
+             device=f"{device}, measured", extra=["goals: decode >= 85% of copy, prefill >= 0.9x SDPA"])
+    fs.save(fig, png_path)
 
 
 def write_rows(csv_path: Path, rows: list[dict]) -> None:
@@ -425,14 +452,46 @@ def write_rows(csv_path: Path, rows: list[dict]) -> None:
     write_csv(csv_path, [{f: row.get(f, "") for f in FIELDS} for row in rows])
 
 
+def replot(out: Path) -> list[Path]:
+    """The PNG again from the CSV in `out` (checked first: a bad CSV is an InputError naming it)."""
+    from experiments.common.inputs import InputError, read_csv as read_rows
+
+    read_rows(out / CSV_NAME, CSV_COLUMNS, what="a bench_paged_attention CSV")
+    try:
+        plot(out / CSV_NAME, out / PNG_NAME)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise InputError(f"{out / CSV_NAME}: not a bench_paged_attention CSV ({type(err).__name__}: {err})") from None
+    return [out / PNG_NAME]
+
+
 def main(argv=None) -> int:
+    from experiments.common.inputs import fail_on_input_error
+
+    return fail_on_input_error(parser)(_main)(argv)
+
+
+def _main(argv=None) -> int:
+    from experiments.common.outputs import precheck_out, report_written, resolve_out
+
     args = parse_args(argv)
-    if args.plot_only:
-        plot(args.out / CSV_NAME, args.out / PNG_NAME)
+    precheck_out(parser(), args.out)
+    if args.replot:
+        resolve_out(parser(), args, reading="--replot")
+        report_written(replot(args.out))
         return 0
     if not torch.cuda.is_available():
-        print("experiments.bench.paged_attention: no CUDA device on this machine; nothing measured, nothing written.")
+        log("experiments.bench.paged_attention: no CUDA device on this machine; nothing measured, nothing written.")
         return 0
+    resolve_out(parser(), args)
+    rows, all_ok = sweep(args)
+    report_written([args.out / CSV_NAME, *replot(args.out)])
+    if not all_ok:
+        print("some configs failed their correctness check and were not reported", file=sys.stderr)
+    return 0 if all_ok else 1
+
+
+def sweep(args) -> tuple[list[dict], bool]:
+    """Every decode, prefill and mixed config, checked then timed; the CSV rewritten after each."""
     from triton.testing import do_bench
 
     torch.manual_seed(args.seed)
@@ -442,42 +501,38 @@ def main(argv=None) -> int:
     env = dict(device=full_env["device_name"], torch=full_env["torch"], triton=full_env["triton"],
                python=full_env["python"])
     copy_gbps = copy_bandwidth_gbps(device, do_bench)
-    print(f"{env['device']}: copy bandwidth {copy_gbps:.0f} GB/s (read + write)")
+    log(f"{env['device']}: copy bandwidth {copy_gbps:.0f} GB/s (read + write)")
     csv_path = args.out / CSV_NAME
     rows: list[dict] = []
     all_ok = True
     kv_token_bytes = 2 * args.num_kv_heads * args.head_dim * torch.empty((), dtype=dtype).element_size()
-    for batch in _ints(args.batches):
-        for context in _ints(args.contexts):
+    for batch in args.batches:
+        for context in args.contexts:
             if batch * context * kv_token_bytes > args.max_kv_gib * 2**30:
-                print(f"decode B={batch} ctx={context}: skipped (K+V over --max-kv-gib {args.max_kv_gib})")
+                log(f"decode B={batch} ctx={context}: skipped (K+V over --max-kv-gib {args.max_kv_gib})")
                 continue
-            print(f"decode B={batch} ctx={context}")
+            log(f"decode B={batch} ctx={context}")
             pb = make_problem(batch, 1, context + 1, args.num_q_heads, args.num_kv_heads, args.head_dim,
                               args.block_size, dtype, device)
             all_ok &= run_config("decode", pb, args, env, do_bench, copy_gbps, rows)
             write_rows(csv_path, rows)  # after every config: a crash or timeout keeps what was measured
             del pb
             torch.cuda.empty_cache()
-    for prefix in _ints(args.prefixes):
-        print(f"prefill chunk q={args.prefill_queries} prefix={prefix}")
+    for prefix in args.prefixes:
+        log(f"prefill chunk q={args.prefill_queries} prefix={prefix}")
         pb = make_problem(1, args.prefill_queries, prefix + args.prefill_queries, args.num_q_heads,
                           args.num_kv_heads, args.head_dim, args.block_size, dtype, device)
         all_ok &= run_config("prefill", pb, args, env, do_bench, copy_gbps, rows)
         write_rows(csv_path, rows)
         del pb
         torch.cuda.empty_cache()
-    for chunk in _ints(args.mixed_chunks):
-        print(f"mixed: chunk q={chunk} beside a decode row at ctx={args.mixed_context}")
+    for chunk in args.mixed_chunks:
+        log(f"mixed: chunk q={chunk} beside a decode row at ctx={args.mixed_context}")
         all_ok &= run_mixed(chunk, args, env, do_bench, rows, device)
         write_rows(csv_path, rows)
         torch.cuda.empty_cache()
     write_rows(csv_path, rows)  # the file exists even when every config was skipped
-    plot(csv_path, args.out / PNG_NAME)
-    print(f"wrote {csv_path} and {args.out / PNG_NAME}")
-    if not all_ok:
-        print("some configs failed their correctness check and were not reported", file=sys.stderr)
-    return 0 if all_ok else 1
+    return rows, all_ok
 
 
 if __name__ == "__main__":

@@ -16,17 +16,17 @@ x and y, dt, B and C once each in the input dtype, plus the fp32 states read (in
 (final and captured). Correctness is checked before anything is reported: the timed path against
 the oracle on a short prefix, and the in-pass capture against the two-pass state at full length.
 
-Writes ``results/bench_ssd_scan/bench_ssd_scan.csv`` (device, versions, config, numbers) and a PNG
-drawn from the CSV.
+The mixer shapes are the model presets' (``model.config.PRESETS``: heads, head dim, state, groups).
+Writes ``bench_ssd_scan.csv`` (device, versions, config, numbers) and a PNG drawn from the CSV into a
+new ``runs/bench_ssd_scan/<timestamp>/`` (``--publish``: the record, ``results/bench_ssd_scan/``).
 
     python -m experiments.bench.ssd_scan                       # CPU default: a few minutes
-    python -m experiments.bench.ssd_scan --tokens 8192 32768 --shapes bamba-9b nemotron-h-8b
-    python -m experiments.bench.ssd_scan --plot-only           # redraw the PNG from the CSV
+    python -m experiments.bench.ssd_scan --tokens 8192,32768 --model bamba-9b,nemotron-h-8b
+    python -m experiments.bench.ssd_scan --replot --publish    # redraw the PNG from the committed CSV
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -36,10 +36,11 @@ from pathlib import Path
 
 import torch
 
-from experiments.results_io import RESULTS, environment, read_csv, save_figure, write_csv
+from experiments.common.results_io import environment, log, read_csv, write_csv
 from kernels.reference.ssd import ssd_scan_sequential
 from kernels.testing import assert_close
 from kernels.torch_cpu.ssd import ssd_scan_chunked
+from model.families import PRESETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +51,14 @@ class Shape:
     G: int
 
 
-# Bamba-9B's mixer (128 heads of 64, state 128, one group) is also the issue's "realistic" shape;
-# Nemotron-H-8B's has 8 groups; "small" is the kind of model the CPU experiments run.
-SHAPES = {
-    "bamba-9b": Shape(H=128, P=64, N=128, G=1),
-    "nemotron-h-8b": Shape(H=128, P=64, N=128, G=8),
-    "small": Shape(H=32, P=64, N=128, G=1),
-}
+def shape_of(preset: str) -> Shape:
+    """The Mamba-2 mixer shape of a model preset."""
+    c = PRESETS[preset]
+    return Shape(H=c.mamba_n_heads, P=c.mamba_d_head, N=c.mamba_d_state, G=c.mamba_n_groups)
+
+
 BLOCK = 16  # KV block size: capture offsets are block-aligned like the planner's snapshots
+MIN_TOKENS = 5 * BLOCK + 1  # room for 4 distinct block-aligned capture offsets below the tail
 BYTES_MODEL = "es*(2*T*H*P + T*H + 2*T*G*N) + 4*H*P*N*(S + S + K)"
 
 
@@ -67,7 +68,12 @@ def capture_offsets(T: int, k: int) -> list[int]:
     tail = ((T - 1) // BLOCK) * BLOCK - BLOCK
     if k == 1:
         return [tail]
-    return sorted({T // 4 + 3 * BLOCK, T // 2 + 5 * BLOCK, 3 * T // 4 + 7 * BLOCK, tail})[:k]
+    interior = [o for o in dict.fromkeys((T // 4 + 3 * BLOCK, T // 2 + 5 * BLOCK, 3 * T // 4 + 7 * BLOCK))
+                if 0 < o < tail]
+    fill = (o for o in range(tail - BLOCK, 0, -BLOCK) if o not in interior)  # short T: block boundaries
+    while len(interior) < k - 1:
+        interior.append(next(fill))
+    return sorted({*interior, tail})[:k]
 
 
 def make_inputs(T: int, shape: Shape, dtype, device, seed=0):
@@ -131,11 +137,11 @@ def time_cpu(fn) -> float:
 
 def scan_under_test(args) -> tuple:
     """(cuda, device, dtype, scan, impl): the Triton scan in bf16 on CUDA, else the CPU path in fp32."""
-    cuda = torch.cuda.is_available() and not args.cpu
+    cuda = args.device.startswith("cuda")
     if cuda:
         from kernels.ssd_scan import ssd_scan
 
-        return True, "cuda", torch.bfloat16, ssd_scan, "triton"
+        return True, args.device, torch.bfloat16, ssd_scan, "triton"
     return False, "cpu", torch.float32, ssd_scan_chunked, "torch-chunked"
 
 
@@ -144,7 +150,7 @@ def mamba_ssm_peer():
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
     except ImportError:
-        print("mamba_ssm not importable: no peer row")
+        log("mamba_ssm not importable: no peer row")
         return None
     return mamba_chunk_scan_combined
 
@@ -188,7 +194,7 @@ def time_variants(variants: dict, cuda: bool, args) -> dict[str, list[float]]:
 def bench_length(scan, peer, shape_name: str, T: int, chunk: int, dtype, device, es: int, cuda: bool, base: dict,
                  args) -> list[dict]:
     """Gate the in-pass capture against two passes at full length, then time every variant."""
-    shape = SHAPES[shape_name]
+    shape = shape_of(shape_name)
     inp = make_inputs(T, shape, dtype, device)
     variants = variants_at(scan, peer, inp, T, chunk)
     o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
@@ -215,15 +221,14 @@ def bench_length(scan, peer, shape_name: str, T: int, chunk: int, dtype, device,
                          bytes=nbytes, gbps=round(nbytes / ms / 1e6, 3),
                          overhead_vs_none_pct=round(100 * (ms / ref_ms - 1), 2),
                          min_overhead_vs_none_pct=round(100 * (ms_min / ref_min - 1), 2)))
-        print(f"  {shape_name} T={T:>6} {name:<10} median {ms:9.2f} ms {100 * (ms / ref_ms - 1):+6.2f}%  "
-              f"min {ms_min:9.2f} ms {100 * (ms_min / ref_min - 1):+6.2f}%  {nbytes / ms / 1e6:7.2f} GB/s",
-              flush=True)
+        log(f"  {shape_name} T={T:>6} {name:<10} median {ms:9.2f} ms {100 * (ms / ref_ms - 1):+6.2f}%  "
+            f"min {ms_min:9.2f} ms {100 * (ms_min / ref_min - 1):+6.2f}%  {nbytes / ms / 1e6:7.2f} GB/s")
     return rows
 
 
 def bench_sequential(scan, shape_name: str, chunk: int, dtype, device, es: int, base: dict, args) -> list[dict]:
     """Chunked vs the sequential oracle at one short length (the oracle costs ~ms a token here)."""
-    shape = SHAPES[shape_name]
+    shape = shape_of(shape_name)
     T = args.sequential_tokens
     inp = make_inputs(T, shape, dtype, device)
     rows = []
@@ -238,7 +243,7 @@ def bench_sequential(scan, shape_name: str, chunk: int, dtype, device, es: int, 
                          median_ms=round(ms, 4), min_ms=round(min(ts), 4), repeats=len(ts), bytes=nbytes,
                          gbps=round(nbytes / ms / 1e6, 3), overhead_vs_none_pct="",
                          min_overhead_vs_none_pct=""))
-        print(f"  {shape_name} T={T:>6} {name:<13} {ms:10.2f} ms")
+        log(f"  {shape_name} T={T:>6} {name:<13} {ms:10.2f} ms")
     return rows
 
 
@@ -253,9 +258,9 @@ def run(args) -> list[dict]:
     base = dict(device=device_name, torch=env["torch"], triton=env["triton"], dtype=str(dtype).split(".")[-1],
                 chunk_size=chunk, bytes_model=BYTES_MODEL, loadavg_1m=None, impl=impl)
     rows = []
-    for shape_name in args.shapes:
-        check_correctness(scan, SHAPES[shape_name], dtype, device, chunk)
-        print(f"{shape_name}: correctness gate passed ({impl}, {dtype})")
+    for shape_name in args.model:
+        check_correctness(scan, shape_of(shape_name), dtype, device, chunk)
+        log(f"{shape_name}: correctness gate passed ({impl}, {dtype})")
         for T in args.tokens:
             rows += bench_length(scan, peer, shape_name, T, chunk, dtype, device, es, cuda, base, args)
         if not cuda and args.sequential_tokens:
@@ -263,74 +268,163 @@ def run(args) -> list[dict]:
     return rows
 
 
+CAPTURE_GOAL_PCT = 3.0  # README: the GPU goal, SSD capture <= 3% overhead
+
+
 def plot(csv_path: Path, png_path: Path) -> None:
-    """Reads the CSV (not the in-memory rows) and draws median time and overhead per variant."""
-    import matplotlib
+    """Reads the CSV (not the in-memory rows) and draws median time and median overhead per variant (the
+    statistic the README quotes), the min over rounds as a dot beside it, and the capture goal."""
+    from experiments.common import figure_style as fs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = fs.pyplot()
     rows = read_csv(csv_path)
     main = [r for r in rows if r["overhead_vs_none_pct"] != ""]
-    # medians on CUDA (do_bench); on a shared CPU the min over interleaved rounds (contention only adds)
-    on_cpu = bool(main) and main[0]["device"].lower().startswith("cpu")
-    ov_key = "min_overhead_vs_none_pct" if on_cpu else "overhead_vs_none_pct"
+    has_min = bool(main) and all(r.get("min_overhead_vs_none_pct", "") != "" for r in main)
     groups = sorted({(r["shape"], int(r["T"])) for r in main}, key=lambda g: (g[0], g[1]))
     variants = list(dict.fromkeys(r["variant"] for r in main))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     width = 0.8 / max(1, len(variants))
+
+    def at(g, v, key):
+        return next((float(r[key]) for r in main if (r["shape"], int(r["T"])) == g and r["variant"] == v), 0.0)
+
     for i, v in enumerate(variants):
-        ms = [next((float(r["median_ms"]) for r in main if (r["shape"], int(r["T"])) == g and r["variant"] == v), 0.0)
-              for g in groups]
-        ov = [next((float(r[ov_key]) for r in main if (r["shape"], int(r["T"])) == g
-                    and r["variant"] == v), 0.0) for g in groups]
+        c = fs.color(v)
         xs = [j + i * width for j in range(len(groups))]
-        axes[0].bar(xs, ms, width, label=v)
-        axes[1].bar(xs, ov, width, label=v)
+        axes[0].bar(xs, [at(g, v, "median_ms") for g in groups], width, color=c, label=v)
+        ov = [at(g, v, "overhead_vs_none_pct") for g in groups]
+        b = axes[1].bar(xs, ov, width, color=c, label=f"{v} (median)")
+        axes[1].bar_label(b, [f"{o:+.1f}" for o in ov], fontsize=7, padding=2,
+                          bbox=dict(fc="white", ec="none", alpha=0.8, pad=0.3))
+        if has_min:
+            axes[1].plot([x + 0.35 * width for x in xs], [at(g, v, "min_overhead_vs_none_pct") for g in groups],
+                         linestyle="none",
+                         marker="o", mfc="white", mec="k", ms=4, label="min over rounds" if i == 0 else None)
     labels = [f"{s}\nT={t}" for s, t in groups]
     for ax in axes:
         ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(groups))], labels)
+        ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("median time (ms)")
-    axes[1].set_ylabel("overhead vs. no capture (%)" + (", min of rounds" if ov_key.startswith("min") else ", median"))
+    axes[1].set_ylabel("overhead vs. no capture (%, median of rounds)")
     axes[1].axhline(0, color="k", lw=0.8)
+    fs.goal_line(axes[1], CAPTURE_GOAL_PCT, f"capture <= {CAPTURE_GOAL_PCT:g}% (a GPU goal)")
+    lo, hi = axes[1].get_ylim()
+    axes[1].set_ylim(lo, max(hi, CAPTURE_GOAL_PCT) * 1.25)
     axes[0].legend(fontsize=8)
+    fs.legend_outside(axes[1])
     dev = rows[0]["device"] if rows else ""
-    title = f"SSD prefill scan, in-pass capture vs two passes ({rows[0]['impl'] if rows else ''}, {dev})"
+    extra = []
     seq = {r["variant"]: r for r in rows if r["variant"] in ("sequential", "chunked_short")}
     if len(seq) == 2:
         speedup = float(seq["sequential"]["median_ms"]) / float(seq["chunked_short"]["median_ms"])
-        title += f"\nchunked vs sequential oracle at T={seq['sequential']['T']}: {speedup:.1f}x faster"
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    save_figure(fig, png_path)
-    plt.close(fig)
+        extra.append(f"chunked vs sequential oracle at T={seq['sequential']['T']}: {speedup:.1f}x faster")
+    r0 = rows[0] if rows else {}
+    fs.title(fig, "SSD prefill scan: in-pass capture vs two passes",
+             model=f"mixer shape {', '.join(sorted({g[0] for g in groups}))} (H={r0.get('H')}, P={r0.get('P')}, "
+                   f"N={r0.get('N')}), {r0.get('dtype', '')}, {r0.get('impl', '')}",
+             device=f"{dev}, measured", extra=[f"medians of {r0.get('repeats', '?')} rounds"] + extra)
+    fs.save(fig, png_path)
+
+
+CSV_NAME, PNG_NAME = "bench_ssd_scan.csv", "bench_ssd_scan.png"
+RECORD = "bench_ssd_scan"
+CSV_COLUMNS = ("device", "impl", "shape", "T", "variant", "median_ms", "min_ms", "overhead_vs_none_pct",
+               "min_overhead_vs_none_pct")
+
+
+def parser():
+    from experiments.bench import preset_names
+    from experiments.common.flags import add_replot_flag, device_name, int_in_range, int_list, new_parser
+    from experiments.common.outputs import add_out_flags
+
+    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.ssd_scan")
+    p.add_argument("--model", type=preset_names, default=None,
+                   help="model presets whose mixer shapes to time, comma-separated (absent: bamba-9b,nemotron-h-8b "
+                        "on CUDA; small on CPU, where bamba-9b at 32K takes ~8 s a call)")
+    p.add_argument("--tokens", type=int_list(MIN_TOKENS), default="8192,32768",
+                   help="prefill lengths, comma-separated")
+    p.add_argument("--chunk-size", type=int_in_range(1), default=None,
+                   help="internal chunk (absent: 256 on CUDA, 128 on CPU; Triton needs a power of 2 >= 16)")
+    p.add_argument("--repeats", type=int_in_range(1), default=7, help="CPU: timed rounds per variant (median reported)")
+    p.add_argument("--warmup-ms", type=int_in_range(1), default=100, help="CUDA: do_bench warm-up time")
+    p.add_argument("--rep-ms", type=int_in_range(1), default=500, help="CUDA: do_bench measuring time")
+    p.add_argument("--sequential-tokens", type=int_in_range(0), default=512,
+                   help="CPU: length of the chunked-vs-sequential comparison (0 skips it)")
+    p.add_argument("--device", type=device_name, default=None,
+                   help="cuda (the Triton scan, bf16) or cpu (the torch path, fp32); absent: cuda if present")
+    add_out_flags(p, RECORD)
+    add_replot_flag(p)
+    return p
+
+
+def check_args(p, args) -> None:
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = args.device.startswith("cuda")
+    if args.model is None:
+        args.model = ["bamba-9b", "nemotron-h-8b"] if cuda else ["small"]
+    if cuda and args.chunk_size is not None and (args.chunk_size < 16 or args.chunk_size & (args.chunk_size - 1)):
+        p.error(f"argument --chunk-size: the Triton scan needs a power of 2 >= 16, got {args.chunk_size}")
+
+
+def replot(out: Path) -> list[Path]:
+    """The PNG again from the CSV in `out` (checked first: a bad CSV is an InputError naming it)."""
+    from experiments.common.inputs import InputError, read_csv as read_rows
+
+    csv_path = out / CSV_NAME
+    read_rows(csv_path, CSV_COLUMNS, what="a bench_ssd_scan CSV")
+    try:
+        plot(csv_path, out / PNG_NAME)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise InputError(f"{csv_path}: not a bench_ssd_scan CSV ({type(err).__name__}: {err})") from None
+    return [out / PNG_NAME]
+
+
+def headline(rows: list[dict]) -> list[tuple]:
+    """Min-of-rounds capture overheads at the longest length of the first shape, beside the record's."""
+    from experiments.common.inputs import InputError, read_csv as read_rows
+    from experiments.common.outputs import record_folder
+
+    try:
+        committed = read_rows(record_folder(RECORD) / CSV_NAME, CSV_COLUMNS)
+    except InputError:
+        committed = []
+    main_rows = [r for r in rows if r["overhead_vs_none_pct"] != ""]
+    if not main_rows:
+        return []
+    shape, T = main_rows[0]["shape"], max(r["T"] for r in main_rows if r["shape"] == main_rows[0]["shape"])
+    out = []
+    for variant in ("capture1", "capture4", "two_pass"):
+        mine = next((r for r in main_rows if (r["shape"], r["T"], r["variant"]) == (shape, T, variant)), None)
+        theirs = next((r for r in committed if (r["shape"], r["T"], r["variant"]) == (shape, str(T), variant)), None)
+        if mine is not None:
+            out.append((f"{shape} T={T} {variant} overhead % (min)", mine["min_overhead_vs_none_pct"],
+                        None if theirs is None else float(theirs["min_overhead_vs_none_pct"])))
+    return out
+
+
+def _main(argv=None) -> None:
+    from experiments.common.outputs import beside_record, report_written, resolve_out, writes_record
+
+    p = parser()
+    args = p.parse_args(argv)
+    if args.replot:
+        resolve_out(p, args, reading="--replot")
+        report_written(replot(args.out))
+        return
+    check_args(p, args)
+    out = resolve_out(p, args)
+    rows = run(args)
+    written = [write_csv(out / CSV_NAME, rows)]
+    written += replot(out)
+    if not writes_record(out):
+        beside_record(headline(rows), RECORD)
+    report_written(written)
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", nargs="+", default=None, choices=sorted(SHAPES),
-                   help="mixer shapes (default: bamba-9b and nemotron-h-8b on CUDA; small on CPU, where "
-                        "bamba-9b at 32K takes ~8 s a call)")
-    p.add_argument("--tokens", nargs="+", type=int, default=[8192, 32768], help="prefill lengths")
-    p.add_argument("--chunk-size", type=int, default=0, help="internal chunk (default 256 on CUDA, 128 on CPU)")
-    p.add_argument("--repeats", type=int, default=7, help="CPU: timed rounds per variant (median reported)")
-    p.add_argument("--warmup-ms", type=int, default=100, help="CUDA: do_bench warm-up time")
-    p.add_argument("--rep-ms", type=int, default=500, help="CUDA: do_bench measuring time")
-    p.add_argument("--sequential-tokens", type=int, default=512,
-                   help="CPU: length of the chunked-vs-sequential comparison (0 skips it)")
-    p.add_argument("--cpu", action="store_true", help="time the CPU torch path even when CUDA is present")
-    p.add_argument("--out", type=Path, default=RESULTS / "bench_ssd_scan", help="output folder (CSV + PNG)")
-    p.add_argument("--plot-only", action="store_true", help="only redraw the PNG from the existing CSV")
-    args = p.parse_args(argv)
-    csv_path, png_path = args.out / "bench_ssd_scan.csv", args.out / "bench_ssd_scan.png"
-    if not args.plot_only:
-        if args.shapes is None:
-            args.shapes = ["bamba-9b", "nemotron-h-8b"] if torch.cuda.is_available() and not args.cpu else ["small"]
-        rows = run(args)
-        write_csv(csv_path, rows)
-        print(f"wrote {csv_path}")
-    plot(csv_path, png_path)
-    print(f"wrote {png_path}")
+    from experiments.common.inputs import fail_on_input_error
+
+    return fail_on_input_error(parser)(_main)(argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""The multi-turn study's command line: `python -m experiments.multiturn --help`."""
+"""The multi-turn study's command line: `python -m experiments.multiturn --help`.
+
+Writes into a new run folder, runs/multiturn/<UTC timestamp>/ (`--out FOLDER` elsewhere,
+`--publish` the committed results/multiturn/), then prints the headline (replayed tokens and
+median TTFT of legacy and `--policy`) beside the committed record's. `--merge` and `--replot`
+read `--out` (default: the newest run folder).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,15 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from experiments.flags import (add_model_flags, add_policy_flag, float_in_range, int_in_range, name_list,
-                               require_block_of_budget, shard_spec)
-from experiments.multiturn.report import finalize, plot
-from experiments.multiturn.run import RunConfig, Study, configs_for, run_configs
-from experiments.results_io import RESULTS, log
-from experiments.runs import ModelLoadError, build_model, model_config, set_threads, warm_up
+from experiments.common.flags import (add_model_flags, add_policy_flag, add_prefill_budget_flag, add_replot_flag,
+                               float_in_range, int_in_range, name_list, new_parser, require_block_of_budget,
+                               shard_spec)
+from experiments.common.inputs import InputError, fail_on_input_error, read_csv, read_json
+from experiments.multiturn.report import OUTPUTS, finalize, plot
+from experiments.multiturn.run import NAME, RunConfig, Study, configs_for, run_configs
+from experiments.common.outputs import abandon, add_out_flags, beside_record, record_folder, report_written, resolve_out, writes_record
+from experiments.common.results_io import log
+from experiments.common.runs import ModelLoadError, build_model, model_config, set_threads, warm_up
 from experiments.workloads.synthetic import QUICK, SyntheticSessions, WorkloadConfig
 from model.cost import ModelCost
 from model.engine import ModelShape, PlaceholderRunner
@@ -22,8 +31,9 @@ WORKLOAD_TYPES = {"user_median": float_in_range(0, lo_open=True), "user_sigma": 
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Multi-turn chat sessions through one engine, per policy and eviction.")
-    ap.add_argument("--out", type=Path, default=RESULTS / "multiturn", help="output folder")
+    ap = new_parser("Multi-turn chat sessions through one engine, per policy and eviction.",
+                    prog="python -m experiments.multiturn")
+    add_out_flags(ap, NAME)
     add_model_flags(ap, dtypes=(), backend=False)
     ap.add_argument("--runner", default="model", choices=("model", "placeholder"),
                     help="the real model, or the model-free placeholder runner (planner figures only, no TTFT meaning)")
@@ -36,8 +46,7 @@ def parser() -> argparse.ArgumentParser:
                         help=f"workload: {f.name.replace('_', ' ')} (default {f.default}; "
                              f"--quick: {QUICK.get(f.name, f.default)})")
     ap.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size")
-    ap.add_argument("--prefill-budget", type=int_in_range(1), default=512,
-                    help="prefill tokens per tick (shared by the batch)")
+    add_prefill_budget_flag(ap, 512)
     ap.add_argument("--interval", type=int_in_range(0), default=32,
                     help="snapshot interval in blocks (0 = off; 32 blocks = one 512-token budget)")
     ap.add_argument("--concurrency", type=int_in_range(1), default=2, help="requests in flight (= max_batch_size)")
@@ -46,15 +55,17 @@ def parser() -> argparse.ArgumentParser:
     add_policy_flag(ap, "compared with legacy (and the one with decode snapshots)")
     ap.add_argument("--eviction", type=name_list(EVICTION_POLICIES), default=["lru", "flop_aware"],
                     help=f"comma-separated snapshot evictions of the bounded configurations ({', '.join(EVICTION_POLICIES)}; "
-                         "the first also bounds the decode-snapshot one; default lru,flop_aware)")
+                         "the first also bounds the decode-snapshot one; default: lru,flop_aware)")
     ap.add_argument("--flop-alpha", type=float_in_range(0), default=1.0,
                     help="FLOP-aware eviction: weight of FLOPs/byte vs recency")
     ap.add_argument("--configs", default=None,
                     help="comma-separated configurations to run (default all; 'off' is the reference and always runs)")
     ap.add_argument("--shard", type=shard_spec, default=(0, 1),
-                    help="run the configurations whose index %% n == i (i/n); combine the parts with --merge")
-    ap.add_argument("--merge", action="store_true", help="do not run: merge the part files in --out, check, plot")
-    ap.add_argument("--plot-only", action="store_true", help="re-plot from the CSVs in --out")
+                    help="run the configurations whose index %% n == i (i/n); combine the parts with --merge "
+                         "(default: 0/1)")
+    reading = ap.add_mutually_exclusive_group()
+    reading.add_argument("--merge", action="store_true", help="do not run: merge the part files in --out, check, plot")
+    add_replot_flag(reading)
     return ap
 
 
@@ -88,7 +99,8 @@ def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tupl
         try:
             model = build_model(args.model, args.device, args.seed)
         except ModelLoadError as e:
-            ap.error(f"argument --model/--preset: {e}")
+            abandon(args.out)
+            ap.error(f"argument --model: {e}")
         warm_up(model)
         vocab, flops = model.config.vocab_size, ModelCost(model.config).snapshot_flops
         snapshot_nbytes = model.allocate_cache(1, args.block_size, 1).state_bytes_per_slot
@@ -108,27 +120,92 @@ def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tupl
     return study, source, snapshot_nbytes
 
 
+# what the figure reads (checked before `--replot` draws)
+SUMMARY_COLUMNS = ("config", "policy", "eviction", "token_hit_rate", "ssm_restore_depth", "replayed_tokens",
+                   "ttft_median_s", "ttft_p90_s", "snapshot_bytes_held_peak", "snapshot_bytes_saved",
+                   "snapshot_bytes_evicted")
+REQUEST_COLUMNS = ("config", "ttft_s")
+META_KEYS = ("workload", "config", "environment", "n_requests", "system_prompt_tokens", "n_branch_sessions",
+             "n_regenerations", "snapshot_budget_bytes")
+
+
+def check_replot_files(out: Path) -> None:
+    """The CSVs and JSON `plot` reads; an InputError naming the first that is wrong."""
+    read_csv(out / "summary.csv", SUMMARY_COLUMNS, what="the multi-turn summary CSV")
+    read_csv(out / "requests.csv", REQUEST_COLUMNS, what="the multi-turn per-request CSV")
+    read_json(out / "multiturn.json", META_KEYS, what="the multi-turn JSON")
+
+
+def replot(out: Path) -> list[Path]:
+    check_replot_files(out)
+    try:
+        return [plot(out)]
+    except (KeyError, ValueError, TypeError, IndexError) as e:  # well-formed files whose values do not plot
+        raise InputError(f"{out / 'summary.csv'}: cannot be plotted ({type(e).__name__}: {e})") from None
+
+
+def show_beside_record(out: Path, policy: str) -> None:
+    """Replayed tokens and median TTFT of legacy and `policy` beside the committed results/multiturn/."""
+    path = record_folder(NAME) / "summary.csv"
+    if writes_record(out) or not path.is_file() or not (out / "summary.csv").is_file():
+        return
+    try:
+        committed = {r["config"]: r for r in read_csv(path, ("config", "replayed_tokens", "ttft_median_s"))}
+        ours = {r["config"]: r for r in read_csv(out / "summary.csv", ("config", "replayed_tokens", "ttft_median_s"))}
+    except InputError as e:
+        log(f"no comparison with the committed record: {e}")
+        return
+    num = lambda r, k, f: f(r[k]) if r and r.get(k) not in (None, "") else None  # noqa: E731
+    rows = []
+    for name in dict.fromkeys(("legacy", policy)):
+        if name in ours:
+            rows += [(f"{name} replayed tokens", num(ours[name], "replayed_tokens", int),
+                      num(committed.get(name), "replayed_tokens", int)),
+                     (f"{name} TTFT median (s)", num(ours[name], "ttft_median_s", float),
+                      num(committed.get(name), "ttft_median_s", float))]
+    beside_record(rows, NAME)
+
+
+def written_files(out: Path, shard: tuple[int, int] | None) -> list[Path]:
+    files = [out / f for f in OUTPUTS if (out / f).is_file()]
+    if shard is not None:
+        i, n = shard
+        files.insert(0, out / "parts" / f"{NAME}.part{i}of{n}.json")
+    return files
+
+
+@fail_on_input_error(parser)
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
-    if args.plot_only:
-        log(f"wrote {plot(args.out)}")
+    if args.replot:
+        report_written(replot(resolve_out(ap, args, reading="--replot")))
         return 0
     if args.merge:
-        return finalize(args.out)
+        out = resolve_out(ap, args, reading="--merge")
+        status = finalize(out)
+        show_beside_record(out, args.policy)
+        report_written(written_files(out, None))
+        return status
     require_block_of_budget(ap, args.prefill_budget, args.block_size, args.concurrency, budget_flag="--prefill-budget")
     wcfg = workload_config(ap, args)
     configs = chosen_configs(ap, args)
+    out = resolve_out(ap, args)
+    log(f"writing to {out}")
     set_threads(args.threads)
     study, source, snapshot_nbytes = build_study(ap, args, wcfg)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-              if k not in ("out", "shard", "merge", "plot_only", "configs", "quick")} | {
+              if k not in ("out", "shard", "merge", "replot", "configs", "quick", "publish") and not k.startswith("_")} | {
         "preset": args.model, "configs": [c.name for c in configs],
         "snapshot_budget_bytes": study.snapshot_budget_bytes,
         "snapshot_nbytes": snapshot_nbytes, "kv_pool_blocks": study.kv_pool_blocks,
         "workload_meta": source.describe()}
-    part = run_configs(study, configs, config, args.out, args.shard, args.device)
+    part = run_configs(study, configs, config, out, args.shard, args.device)
     if args.shard[1] > 1:
-        log(f"merge when every shard is done: python -m experiments.multiturn --merge --out {args.out}")
+        log(f"merge when every shard is done: python -m experiments.multiturn --merge --out {out}")
+        report_written(written_files(out, args.shard)[:1])
         return 1 if part["failed"] else 0
-    return finalize(args.out)
+    status = finalize(out)
+    show_beside_record(out, args.policy)
+    report_written(written_files(out, args.shard))
+    return status

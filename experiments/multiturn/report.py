@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments import sweep_parts
+from experiments.common import figure_style as fs
+from experiments.common import sweep_parts
 from experiments.multiturn.run import NAME, mismatches
-from experiments.results_io import log, read_csv, save_figure, write_csv, write_json
+from experiments.common.results_io import log, read_csv, write_csv, write_json
 
 OUTPUTS = ("summary.csv", "requests.csv", "multiturn.json", "multiturn.png")
 
@@ -52,23 +53,21 @@ def finalize(out: Path) -> int:
     write_json(out / "multiturn.json", meta)
     write_csv(out / "requests.csv", [q for r in rows for q in r["request_rows"]])
     write_csv(out / "summary.csv", [{k: v for k, v in r.items() if k != "request_rows"} for r in rows])
-    log(f"wrote {out}/summary.csv, requests.csv, multiturn.json, {plot(out).name}")
+    log(f"{NAME}: merged {len(rows)} configurations from {len(parts)} part(s); figure {plot(out).name}")
     return 0
 
 
 # ------------------------------------------------------------------------------------------ figure
-KIND_COLORS = {"session_start": "tab:blue", "branch_start": "tab:orange", "next_turn": "tab:olive",
-               "regenerate": "tab:purple"}
+KIND_COLORS = {k: v["color"] for k, v in fs.KIND_STYLES.items()}
 
 
 class Bars:
-    """Bars per configuration: grey caching off, red legacy, green otherwise; dotted LRU, hatched FLOP-aware."""
+    """Bars per configuration in its policy's colour (`figure_style`; caching off grey), hatched by its
+    eviction (dotted LRU, // FLOP-aware)."""
 
     def __init__(self, summary: list[dict]):
-        self.color = ["0.6" if r["policy"] == "off" else ("tab:red" if r["policy"] == "legacy" else "tab:green")
-                      for r in summary]
-        self.hatch = ["//" if r["eviction"] == "flop_aware" else (".." if r["eviction"] == "lru" else "")
-                      for r in summary]
+        self.color = [fs.color(r["policy"]) for r in summary]
+        self.hatch = [fs.hatch(r["eviction"]) for r in summary]
 
     def __call__(self, ax, xs, vals, width, **kw):
         bs = ax.bar(xs, vals, width, color=self.color, edgecolor="k", linewidth=0.5, **kw)
@@ -105,16 +104,19 @@ def _panel_replayed(ax, summary) -> None:
 
 
 def _panel_ttft(ax, summary, requests, bars) -> None:
-    x = range(len(summary))
-    for off, key, alpha in ((-0.2, "ttft_median_s", 1.0), (0.2, "ttft_p90_s", 0.55)):
-        vals = [float(r[key]) for r in summary]
-        b = bars(ax, [i + off for i in x], vals, 0.4, alpha=alpha)
-        ax.bar_label(b, [f"{v * 1e3:.0f}" for v in vals], fontsize=6, padding=2)
-    for i, r in enumerate(summary):  # every request's TTFT, from the per-request CSV
+    """Points, not bars, on the log axis: median (filled, label in ms), p90 (hollow), every request (ticks)."""
+    for i, r in enumerate(summary):
         ts = [float(q["ttft_s"]) for q in requests if q["config"] == r["config"]]
-        ax.plot([i] * len(ts), ts, "_", color="k", alpha=0.3, ms=12)
+        ax.plot([i - 0.12] * len(ts), ts, "_", color="k", alpha=0.3, ms=10)
+        st = fs.style(r["policy"])
+        med, p90 = float(r["ttft_median_s"]), float(r["ttft_p90_s"])
+        ax.plot([i + 0.12], [med], linestyle="none", ms=8, **st)
+        ax.plot([i + 0.12], [p90], linestyle="none", ms=8, mfc="none", mew=1.5, **st)
+        ax.annotate(f"{med * 1e3:.0f}", (i + 0.12, med), xytext=(6, 0), textcoords="offset points", va="center",
+                    fontsize=6)
     ax.set_yscale("log")
-    ax.set_title("TTFT (s): median (solid, label in ms), p90 (pale), every request (ticks)", fontsize=9)
+    ax.set_xlim(-0.6, len(summary) - 0.4)
+    ax.set_title("TTFT (s): median (filled, label in ms), p90 (hollow), every request (ticks)", fontsize=9)
 
 
 def _panel_memory(ax, summary, meta, bars) -> None:
@@ -127,28 +129,27 @@ def _panel_memory(ax, summary, meta, bars) -> None:
     ax.bar([i + 0.2 for i in x], saved, 0.4, color="none", edgecolor="k", label="saved (all time)")
     ax.plot([i + 0.2 for i in x], ev, "kx", ms=7, label="evicted")
     if meta["snapshot_budget_bytes"]:
-        ax.axhline(meta["snapshot_budget_bytes"] * mib, color="k", ls="--", lw=1, label="byte budget")
+        ax.axhline(meta["snapshot_budget_bytes"] * mib, color="k", ls="--", lw=1,
+                   label="byte budget (the +budget configurations)")
     ax.set_title("snapshot MiB: peak held (filled), saved (outline), evicted (x)", fontsize=9)
     ax.legend(fontsize=7)
 
 
-def _title(meta: dict) -> str:
+def _title(fig, meta: dict) -> None:
     w, c = meta["workload"], meta["config"]
-    return (f"Multi-turn study: {meta['n_requests']} requests from {w['sessions']} sessions (system prompt "
-            f"{meta['system_prompt_tokens']} tokens, {meta['n_branch_sessions']} branch sessions, "
-            f"{meta['n_regenerations']} regenerations); {c['runner']} runner, model {c['preset']}, block "
-            f"{c['block_size']}, prefill budget {c['prefill_budget']}, interval {c['interval']} blocks, "
-            f"concurrency {c['concurrency']}, snapshot budget {c['snapshot_budget']} snapshots\n"
-            f"{meta['environment']['device_name']}; grey: caching off, red: legacy, green: "
-            f"{c.get('policy', 'aligned')}; dotted: LRU, hatched: FLOP-aware (alpha {c['flop_alpha']:g})")
+    fs.title(fig, "Multi-turn study: hits, replay, TTFT and snapshot memory per configuration",
+             workload=f"{w['sessions']} sessions (system prompt {meta['system_prompt_tokens']} tokens, "
+                      f"{meta['n_branch_sessions']} branch sessions, {meta['n_regenerations']} regenerations)",
+             model=f"{c['preset']} ({c['runner']} runner, block {c['block_size']}, prefill budget "
+                   f"{c['prefill_budget']}, interval {c['interval']} blocks, concurrency {c['concurrency']})",
+             requests=meta["n_requests"], budget=f"{c['snapshot_budget']} snapshots in the +budget configurations",
+             eviction=f"dotted LRU, // FLOP-aware (alpha {c['flop_alpha']:g})",
+             device=f"{meta['environment']['device_name']}, measured",
+             extra=[f"colour: the policy's (grey: caching off, red: legacy, green: {c.get('policy', 'aligned')})"])
 
 
 def plot(out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = fs.pyplot()
     summary = read_csv(out / "summary.csv")
     requests = read_csv(out / "requests.csv")
     meta = json.loads((out / "multiturn.json").read_text())
@@ -162,8 +163,5 @@ def plot(out: Path) -> Path:
     for ax in (ax_hit, ax_rep, ax_ttft, ax_mem):
         ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3, which="both")
-    fig.suptitle(_title(meta), fontsize=9)
-    fig.tight_layout()
-    path = save_figure(fig, out / "multiturn.png")
-    plt.close(fig)
-    return path
+    _title(fig, meta)
+    return fs.save(fig, out / "multiturn.png")

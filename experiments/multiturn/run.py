@@ -38,9 +38,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from experiments import sweep_parts
-from experiments.results_io import log
-from experiments.runs import kv_blocks_for
+from experiments.common import sweep_parts
+from experiments.common.progress import Progress
+from experiments.common.results_io import log
+from experiments.common.runs import kv_blocks_for
 from experiments.workloads.request import KINDS, ReplyPending, WorkloadRequest
 from model.engine import Engine, ModelShape
 from model.hybrid import HybridLM
@@ -144,7 +145,7 @@ def replay(engine: Engine, requests: list[WorkloadRequest], concurrency: int, la
     replies: dict[int, list[int]] = {}  # request index -> its generated reply
     rows: list[dict] = []
     peak_bytes = 0
-    t0 = time.perf_counter()
+    progress = Progress(len(requests), "requests", every_s=10.0)
     while pending or inflight:
         while pending and len(inflight) < concurrency:
             wr = pending[0]
@@ -159,12 +160,11 @@ def replay(engine: Engine, requests: list[WorkloadRequest], concurrency: int, la
             inflight[wr.request_id] = wr
         if not inflight:
             raise RuntimeError(f"replay: nothing in flight and {pending[0].request_id} cannot be sent")
-        for req in engine.step():
+        for req in engine.step().finished:
             wr = inflight.pop(req.request_id)
             replies[wr.index] = list(req.output_token_ids)
             rows.append(request_row(label, wr, req))
-            if len(rows) % 10 == 0:
-                log(f"  {label}: {len(rows)}/{len(requests)} requests ({time.perf_counter() - t0:.0f} s)")
+            progress.advance(note=label)
         peak_bytes = max(peak_bytes, engine.snapshots.bytes_held)
     return rows, peak_bytes
 
@@ -213,6 +213,7 @@ def run_configs(study: Study, configs: list[RunConfig], config: dict, out: Path,
     """This shard's configurations through `sweep_parts.run_shard`; returns the part. Outputs are
     checked here against the shard's first configuration, and across shards by the merge."""
     reference: list[tuple[str, dict]] = []
+    progress = Progress(len(range(spec[0], len(configs), spec[1])), "configurations", every_s=0.0)
 
     def one(idx: int, point: dict) -> list[dict]:
         cfg = configs[idx]
@@ -222,6 +223,7 @@ def run_configs(study: Study, configs: list[RunConfig], config: dict, out: Path,
         t0 = time.perf_counter()
         rows, peak = replay(engine, study.requests, study.concurrency, cfg.name)
         wall = time.perf_counter() - t0
+        progress.advance(note=cfg.name)
         outputs = {r["request"]: r["output_token_ids"] for r in rows}
         reference[:] = reference or [(cfg.name, outputs)]
         bad = mismatches(reference[0][1], outputs)

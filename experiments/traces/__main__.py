@@ -1,10 +1,12 @@
 """Simulate snapshot placement policies on a trace; write DIR/summary.json, the rows and the plots.
 
     python -m experiments.traces --trace mooncake-conversation --reading as-given,chains \\
-        --policies vllm-align,ours-plus --budget-gb 0.25,4,64,inf --shape bamba-9b --limit 500 --out DIR
+        --policy vllm-align,ours-plus --budget-gb 0.25,4,64,inf --model bamba-9b --limit 500
 
-Every time is simulated (cost model `experiments.traces.cost`, H200 roofline). `--shard i/n` runs
-every n-th point and writes its part; `--merge` combines the parts (experiments.sweep_parts).
+Every time is simulated (cost model `experiments.traces.cost`, H200 roofline). Output: a new
+`runs/traces/<timestamp>/` unless `--out FOLDER` (the committed record: `--out results/traces/<slice>`).
+`--shard i/n` runs every n-th point and writes its part into `--out`; `--merge` combines the parts
+(experiments.common.sweep_parts); `--replot` redraws the figures from the summary in `--out`.
 """
 
 from __future__ import annotations
@@ -14,15 +16,22 @@ import math
 import sys
 from pathlib import Path
 
-from experiments import sweep_parts
-from experiments.flags import name_list, shard_spec
-from experiments.results_io import environment, log, write_json, write_text
+from experiments.common import sweep_parts
+from experiments.common.flags import (add_limit_flag, add_policy_list_flag, add_prefill_budget_flag, add_replot_flag,
+                               float_in_range, int_in_range, name_list, new_parser, shard_spec)
+from experiments.common.inputs import InputError, fail_on_input_error, read_json, require_extra
+from experiments.common.outputs import RESULTS, add_out_flags, beside_record, check_writable, precheck_out, report_written, \
+    resolve_out, writes_record
+from experiments.common.results_io import environment, log, write_json, write_text
 from experiments.traces.cost import SHAPES, ShapeCost
 from experiments.traces.goals import check as check_goals, markdown as goal_table
 from experiments.traces.sweep import NAME, load_requests, points_for, run_on_ray, run_points, summarize, write_ttfts
 from experiments.workloads import READINGS, WORKLOADS, default_reading
 from planner.eviction import EVICTION_POLICIES
 from planner.policies.registry import POLICIES
+
+RECORD = "traces"
+DEFAULT_POLICIES = ("vllm-align", "vllm-junction", "trtllm", "marconi", "ours-plus", "optimum")
 
 
 def budget_list(text: str) -> list[float | None]:
@@ -43,93 +52,224 @@ def budget_list(text: str) -> list[float | None]:
     return out
 
 
+def trace_file(text: str) -> Path:
+    """An existing regular file (its lines are checked when read)."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {'not a file' if path.exists() else 'no such file'}")
+    return path
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m experiments.traces", description=__doc__.split("\n")[0])
-    ap.add_argument("--trace", required=True, choices=[w for w in WORKLOADS], help="the workload")
-    ap.add_argument("--trace-file", type=Path, default=None,
+    ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.traces")
+    ap.add_argument("--trace", choices=list(WORKLOADS), default=None,
+                    help="the workload (required, except with --merge or --replot)")
+    ap.add_argument("--trace-file", type=trace_file, default=None,
                     help="a Mooncake-format .jsonl(.gz) read instead of the vendored file of a mooncake trace")
     ap.add_argument("--reading", type=name_list(READINGS), default=None,
                     help="comma-separated readings (Mooncake: as-given, chains; default as-given; sharegpt, "
                          "synthetic: chains)")
-    ap.add_argument("--policies", type=name_list(sorted(POLICIES)), required=True,
-                    help=f"comma-separated placement policies, of {', '.join(sorted(POLICIES))}")
-    ap.add_argument("--budget-gb", type=budget_list, default=[None],
-                    help="snapshot memory budgets in GB, comma-separated ('inf': unbounded; default inf)")
+    add_policy_list_flag(ap, DEFAULT_POLICIES, sorted(POLICIES))
+    ap.add_argument("--budget-gb", type=budget_list, default=[None], metavar="GB,...",
+                    help="snapshot memory budgets in GB, comma-separated ('inf': unbounded)")
     ap.add_argument("--eviction", choices=sorted(EVICTION_POLICIES), default=None,
                     help="run every policy with this snapshot eviction instead of its own (an ablation; the "
                          "optimum keeps Belady's MIN under a budget)")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="bamba-9b", help="the model shape of the cost model")
-    ap.add_argument("--limit", type=int, default=None, help="the first N requests (default: all)")
-    ap.add_argument("--prefill-budget", type=int, default=8192, help="tokens per tick for prefill chunks")
-    ap.add_argument("--max-batch-size", type=int, default=64, help="batch slots (concurrent requests)")
-    ap.add_argument("--kv-pool-gb", type=float, default=60.0, help="KV cache memory (the same for every policy)")
-    ap.add_argument("--time-scale", type=float, default=1.0, help="arrivals at trace time x this factor")
-    ap.add_argument("--out", type=Path, required=True, help="folder for summary.json, rows, plots")
-    ap.add_argument("--shard", type=shard_spec, default=None, help="run points whose index %% n == i (i/n)")
+    ap.add_argument("--host-gb", type=float_in_range(0), default=0.0,
+                    help="a host-memory snapshot tier below each finite budget, in GB (PCIe 5 x16, "
+                         "planner.snapshot_tiers; 0: none)")
+    ap.add_argument("--disk-gb", type=float_in_range(0), default=0.0,
+                    help="a disk snapshot tier below that, in GB (NVMe; 0: none)")
+    ap.add_argument("--model", choices=sorted(SHAPES), default="bamba-9b", help="the model shape of the cost model")
+    add_limit_flag(ap, None)
+    add_prefill_budget_flag(ap, 8192)
+    ap.add_argument("--max-batch-size", type=int_in_range(1), default=64, help="batch slots (concurrent requests)")
+    ap.add_argument("--kv-pool-gb", type=float_in_range(0, lo_open=True), default=60.0,
+                    help="KV cache memory (the same for every policy)")
+    ap.add_argument("--time-scale", type=float_in_range(0, lo_open=True), default=1.0,
+                    help="arrivals at trace time x this factor")
+    add_out_flags(ap, RECORD)
+    ap.add_argument("--shard", type=shard_spec, default=None,
+                    help="run points whose index %% n == i (i/n) into --out's parts/")
     ap.add_argument("--merge", action="store_true", help="only combine the parts in --out and write the summary")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points a killed run of the same sweep and shard wrote to its part; run the rest")
+    add_replot_flag(ap)
     ap.add_argument("--ray", action="store_true", help="run the points as Ray tasks (optional extra 'sweeps')")
     ap.add_argument("--ray-address", default=None, help="a Ray cluster's address (default: a local ray.init())")
-    ap.add_argument("--ray-tasks", type=int, default=None, help="Ray tasks = shards (default: one per point)")
-    ap.add_argument("--ray-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    ap.add_argument("--ray-tasks", type=int_in_range(1), default=None, help="Ray tasks = shards (absent: one per point)")
+    ap.add_argument("--ray-cpus", type=int_in_range(1), default=None, help="CPUs of the local Ray (default: all)")
     ap.add_argument("--no-plots", action="store_true", help="write the data only")
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    if args.limit is not None and args.limit < 1:
-        ap.error(f"--limit: must be >= 1, got {args.limit}")
-    for flag, v in (("--prefill-budget", args.prefill_budget), ("--max-batch-size", args.max_batch_size)):
-        if v < 1:
-            ap.error(f"{flag}: must be >= 1, got {v}")
+def check_args(ap: argparse.ArgumentParser, args) -> None:
+    """Cross-flag checks, before anything is read or written."""
+    if args.trace is None and not (args.merge or args.replot):
+        ap.error("the following arguments are required: --trace")
     if args.ray and (args.shard is not None or args.resume):
-        ap.error("--ray and --shard / --resume: choose one")
-    if args.ray_tasks is not None and args.ray_tasks < 1:
-        ap.error(f"--ray-tasks: must be >= 1, got {args.ray_tasks}")
-    if not (args.kv_pool_gb > 0 and args.time_scale > 0):
-        ap.error("--kv-pool-gb and --time-scale must be > 0")
-    if args.trace_file is not None and not args.trace.startswith("mooncake"):
-        ap.error("--trace-file: only for the mooncake traces")
-    readings = args.reading or [default_reading(args.trace)]
-    points = points_for(args.trace, readings, args.policies, args.budget_gb)
-    config = {"trace": args.trace, "shape": args.shape, "limit": args.limit, "prefill_budget": args.prefill_budget,
+        ap.error("argument --ray: not with --shard / --resume; choose one")
+    if (args.merge or args.resume or args.shard is not None) and args.out is None and not args.publish:
+        flag = "--merge" if args.merge else "--resume" if args.resume else "--shard"
+        ap.error(f"argument {flag}: needs --out FOLDER (the sweep's folder)")
+    if args.merge and args.replot:
+        ap.error("argument --replot: not with --merge (--merge writes the summary and plots)")
+    if (args.host_gb or args.disk_gb) and None in args.budget_gb:
+        ap.error("argument --host-gb/--disk-gb: a lower tier sits below a finite device budget; drop 'inf' "
+                 "from --budget-gb")
+    if args.trace_file is not None and not (args.trace or "").startswith("mooncake"):
+        ap.error("argument --trace-file: only for the mooncake traces")
+    if args.publish:
+        ap.error("argument --publish: a traces record folder depends on the slice; name it: "
+                 "--out results/traces/<trace>-<limit>")
+    if args.ray:
+        require_extra("ray", "sweeps", "--ray")
+
+
+def config_of(args) -> dict:
+    config = {"trace": args.trace, "shape": args.model, "limit": args.limit, "prefill_budget": args.prefill_budget,
               "max_batch_size": args.max_batch_size, "kv_pool_gb": args.kv_pool_gb, "time_scale": args.time_scale,
               "trace_file": None if args.trace_file is None else str(args.trace_file)}
     if args.eviction is not None:  # only then: the sweeps without it keep their definition (and parts)
         config["eviction"] = args.eviction
-    if not args.merge:
-        try:  # a bad trace fails here, naming file:line and field, before any part is written
-            for reading in readings:
-                load_requests(args.trace, reading, args.limit, config["trace_file"])
-        except ValueError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
+    for tier in ("host_gb", "disk_gb"):  # the same: only when asked
+        if getattr(args, tier):
+            config[tier] = getattr(args, tier)
+    return config
+
+
+def check_requests(args, readings: list[str], config: dict) -> None:
+    """Read every reading's requests now (cached for the points): a bad or empty trace is an
+    InputError naming the file, before any part is written."""
+    where = args.trace_file or args.trace
+    for reading in readings:
+        try:
+            requests = load_requests(args.trace, reading, args.limit, config["trace_file"])
+        except ModuleNotFoundError as err:  # the sharegpt source's extra
+            raise InputError(str(err)) from None
+        except ValueError as err:  # names file:line and the field
+            raise InputError(f"--trace-file {err}" if args.trace_file else str(err)) from None
+        if not requests:
+            raise InputError(f"{where}: no requests in it (reading {reading}); is the file empty?")
+        log(f"{args.trace} ({reading}): {len(requests)} requests")
+
+
+def check_parts(out: Path) -> None:
+    """Every part file in `out/parts` readable and a sweep part, the set complete: else an InputError
+    naming the file or what is missing (`sweep_parts.collect` reads them guarded)."""
+    try:
+        sweep_parts.collect(out, NAME)
+    except sweep_parts.IncompleteSweep as err:
+        raise InputError(str(err)) from None
+
+
+def replot(out: Path) -> list[Path]:
+    """The figures again from `out/summary.json` and `out/ttft.json` (guarded reads)."""
+    from experiments.traces.plots import plot_all
+
+    read_json(out / "summary.json", ("readings", "trace", "shape", "requests"), what="a traces summary")
+    ttfts = read_json(out / "ttft.json", what="the per-request TTFTs of a traces run")
+    if not isinstance(ttfts, list):
+        raise InputError(f"{out / 'ttft.json'}: not a list of TTFT rows")
+    try:
+        return plot_all(out)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise InputError(f"{out / 'summary.json'}: not a traces summary ({type(err).__name__}: {err})") from None
+
+
+def finish(args, config: dict) -> list[Path]:
+    """Merge the parts, write the summary, TTFTs, goals and plots; returns the files written."""
+    out = args.out
+    sweep_parts.merge(out, NAME)
+    parts, rows, _ = sweep_parts.collect(out, NAME)
+    config = parts[0]["config"]  # what the shards ran (a --merge's own flags may differ)
+    cost = ShapeCost.from_preset(config["shape"]).summary()
+    summary = summarize(rows, config, environment(), cost)
+    written = [out / f"{NAME}.csv", out / f"{NAME}.json", write_json(out / "summary.json", summary)]
+    write_ttfts(out, rows)
+    goals = check_goals(summary)
+    written += [out / "ttft.json", write_json(out / "goals.json", goals),
+                write_text(out / "goals.md", goal_table(goals))]
+    if not args.no_plots:
+        from experiments.traces.plots import plot_all
+
+        written += plot_all(out)
+    committed = None if writes_record(out) else committed_like(summary)
+    if committed is not None:
+        beside_record(headline(summary, committed), f"{RECORD}/{committed['_folder']}")
+    return written
+
+
+def committed_like(summary: dict) -> dict | None:
+    """The committed summary of the same slice (trace, limit, shape, trace file, eviction) that shares
+    the most (policy, budget) cells with this one, if any."""
+    want = {k: summary["config"].get(k) for k in ("trace", "limit", "shape", "trace_file", "eviction")}
+    mine = {(p, b) for p, m in summary["policies"].items() for b in m["by_budget"]}
+    best, shared = None, 0
+    for path in sorted((RESULTS / RECORD).rglob("summary.json")):
+        try:
+            other = read_json(path, ("config", "policies", "prompt_tokens"))
+            cells = {(p, b) for p, m in other["policies"].items() for b in m["by_budget"]}
+        except (InputError, AttributeError, KeyError, TypeError):
+            continue
+        if {k: other["config"].get(k) for k in want} == want and len(cells & mine) > shared:
+            best, shared = other | {"_folder": path.parent.relative_to(RESULTS / RECORD).as_posix()}, len(cells & mine)
+    return best
+
+
+def headline(summary: dict, committed: dict) -> list[tuple]:
+    """SSM-usable hit share of the prompt tokens for up to 4 policies, at the first budget both ran."""
+    rows = []
+    for name in sorted(summary["policies"], key=lambda p: (p != "ours-plus", p)):
+        mine, theirs = summary["policies"][name], committed["policies"].get(name)
+        if theirs is None:
+            continue
+        common = [b for b in mine["by_budget"] if b in theirs["by_budget"]]
+        if common:
+            b = "unbounded" if "unbounded" in common else common[-1]
+            rows.append((f"{name} SSM hit share, {b} GB",
+                         mine["by_budget"][b]["ssm_hit_tokens"] / summary["prompt_tokens"],
+                         theirs["by_budget"][b]["ssm_hit_tokens"] / committed["prompt_tokens"]))
+    return rows[:4]
+
+
+def parse(argv) -> argparse.Namespace:
+    ap = parser()
+    args = ap.parse_args(argv)
+    check_args(ap, args)
+    precheck_out(ap, args.out)
+    return args
+
+
+@fail_on_input_error(parser)
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = parse(argv)
+    if args.replot:
+        resolve_out(ap, args, reading="--replot")
+        report_written(replot(args.out))
+        return 0
+    config = config_of(args)
+    if args.merge:
+        resolve_out(ap, args, reading="--merge")
+        check_parts(args.out)
+        check_writable(ap, args.out)
+    else:
+        readings = args.reading or [default_reading(args.trace)]
+        points = points_for(args.trace, readings, args.policy, args.budget_gb)
+        check_requests(args, readings, config)
+        resolve_out(ap, args)
+        log(f"{len(points)} points into {args.out}")
         if args.ray:
             tasks = args.ray_tasks or len(points)
             log(f"{len(points)} points as {tasks} Ray tasks ({args.ray_address or 'local ray.init()'})")
             run_on_ray(args.out, points, config, tasks, args.ray_address, args.ray_cpus)
         else:
-            run_points(args.out, points, config, args.shard or (0, 1), resume=args.resume)
+            part = run_points(args.out, points, config, args.shard or (0, 1), resume=args.resume)
             if args.shard is not None:
+                report_written([sweep_parts.part_path(args.out, NAME, args.shard)] if part else [])
                 return 0
-    sweep_parts.merge(args.out, NAME)
-    _, rows, _ = sweep_parts.collect(args.out, NAME)
-    cost = ShapeCost.from_preset(args.shape).summary()
-    summary = summarize(rows, config, environment(), cost)
-    write_json(args.out / "summary.json", summary)
-    write_ttfts(args.out, rows)
-    goals = check_goals(summary)
-    write_json(args.out / "goals.json", goals)
-    write_text(args.out / "goals.md", goal_table(goals))
-    log(f"wrote {args.out / 'summary.json'}")
-    if not args.no_plots:
-        from experiments.traces.plots import plot_all
-
-        for path in plot_all(args.out):
-            log(f"wrote {path}")
+    report_written(finish(args, config))
     return 0
 
 

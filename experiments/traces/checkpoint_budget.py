@@ -1,5 +1,5 @@
 """How many checkpoints per sequence a trace needs: the Sparse Prefix Caching dynamic program
-(`planner.checkpoint_dp`) against fixed placements, offline and static.
+(`planner.snapshot_dp`) against fixed placements, offline and static.
 
 Every request of the trace that a later request matches (its *owner*, `oracle.optimum_matches`:
 the first sequence, prompt + reply but its last token (what its KV holds), that had the matched
@@ -18,22 +18,21 @@ Static: no memory budget over time, no KV eviction, no timing (the simulator has
 the SPC paper's setting, one sequence at a time with its overlap depths known.
 
     python -m experiments.traces.checkpoint_budget --trace mooncake-conversation --reading as-given,chains \\
-        --out results/traces/checkpoint-budget
+        --out results/traces/checkpoint-budget-mooncake-whole      # default: runs/traces/checkpoint-budget/<time>/
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 from pathlib import Path
 from typing import Sequence
 
-from experiments.flags import name_list
+from experiments.common.flags import name_list
 from experiments.traces.oracle import optimum_matches
 from experiments.traces.sweep import load_requests
 from experiments.workloads import READINGS, WORKLOADS, default_reading
 from experiments.workloads.request import WorkloadRequest
-from planner.checkpoint_dp import best_checkpoints, restored_tokens
+from planner.snapshot_dp import best_snapshots, restored_tokens
 
 MS = (1, 2, 3, 4, 6, 8, 16, 32)
 GRIDS = (512, 1024, 2048, 4096, 8192)
@@ -86,7 +85,7 @@ def curve(requests: Sequence[WorkloadRequest], block_size: int = 16, ms: Sequenc
 
     most = max((len(ds) for ds, _ in depths.values()), default=0)  # dp-all: every depth, all matched
     for name, m in (*(("dp", m) for m in ms if m < most), ("dp-all", most)):
-        row(name, m, lambda o, m=m: best_checkpoints(*depths[o], m)[1])
+        row(name, m, lambda o, m=m: best_snapshots(*depths[o], m)[1])
     for m in ms:
         row("uniform", m, lambda o, m=m: uniform(length[o], m, block_size))
     for g in grids:
@@ -95,68 +94,114 @@ def curve(requests: Sequence[WorkloadRequest], block_size: int = 16, ms: Sequenc
 
 
 def plot(rows: list[dict], out: Path, title: str) -> Path:
-    import matplotlib
+    from experiments.common import figure_style as fs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from experiments.results_io import save_figure
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    colors = {"dp": "C3", "uniform": "C0", "grid": "C2"}
-    for n, reading in enumerate(sorted({r["reading"] for r in rows})):
+    plt = fs.pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    readings = sorted({r["reading"] for r in rows})
+    for n, reading in enumerate(readings):
         rs = [r for r in rows if r["reading"] == reading]
-        for placement, style in (("dp", "-o"), ("uniform", "--s"), ("grid", ":^")):
+        for placement, ls in (("dp", "-"), ("uniform", "--"), ("grid", ":")):
             pts = sorted((r["checkpoints_per_owner"], r["restored_share"]) for r in rs
                          if r["placement"].startswith(placement))
-            label = "grid 8192..512" if placement == "grid" else placement
-            ax.plot(*zip(*pts), style, color=colors[placement], ms=8 - 3 * n, mfc="none" if n else None,
+            label = {"grid": "grid 8192..512 (ours-plus's: 2048)", "dp": "dp (the optimum for M)"}.get(placement,
+                                                                                                      placement)
+            # a second reading: the same colour and marker, hollow and smaller
+            ax.plot(*zip(*pts), **fs.line(placement, linestyle=ls), ms=8 - 3 * n, mfc="none" if n else None,
                     label=f"{label} ({reading})")
     ax.set_xscale("log")
     ax.set_xlabel("checkpoints per reused sequence (mean)")
     ax.set_ylabel("restored / matched tokens")
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
-    path = save_figure(fig, out / "checkpoints_per_sequence.png")
-    plt.close(fig)
-    return path
+    ax.grid(alpha=0.3, which="both")
+    fs.legend_outside(ax)
+    block = {r.get("block_size") for r in rows} - {None}
+    fs.title(fig, title, workload=f"{rows[0]['trace']} ({', '.join(readings)} reading)" if rows else None,
+             requests=rows[0]["requests"] if rows else None,
+             budget="none over time (M checkpoints per reused sequence)",
+             extra=["offline and static: token counts, no model, no timing, not simulated"]
+             + ([f"KV block {block.pop()}"] if len(block) == 1 else []))
+    return fs.save(fig, out / "checkpoints_per_sequence.png")
 
 
 def replot(out: Path) -> Path:
-    """The figure again from `out/curve.json` (data first)."""
-    import json
+    """The figure again from `out/curve.json` (data first; a bad file is an InputError naming it)."""
+    from experiments.common.inputs import InputError, read_json
 
-    data = json.loads((Path(out) / "curve.json").read_text())
+    path = Path(out) / "curve.json"
+    data = read_json(path, ("config", "rows"), what="a checkpoint-budget curve")
     rows = data["rows"]
-    return plot(rows, Path(out), f"{data['config']['trace']}, {rows[0]['requests']} requests: checkpoints per sequence")
+    try:
+        title = f"{data['config']['trace']}, {rows[0]['requests']} requests: checkpoints per sequence"
+        return plot(rows, Path(out), title)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise InputError(f"{path}: not a checkpoint-budget curve ({type(err).__name__}: {err})") from None
+
+
+def parser():
+    from experiments.common.flags import add_limit_flag, add_replot_flag, int_in_range, new_parser
+    from experiments.common.outputs import add_out_flags
+
+    ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.traces.checkpoint_budget")
+    ap.add_argument("--trace", choices=list(WORKLOADS), default=None, help="the workload (required unless --replot)")
+    ap.add_argument("--reading", type=name_list(READINGS), default=None,
+                    help=f"comma-separated, of {', '.join(READINGS)} (absent: the trace's)")
+    add_limit_flag(ap, None)
+    ap.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size (checkpoint grid)")
+    add_out_flags(ap, "traces/checkpoint-budget")
+    add_replot_flag(ap)
+    ap.add_argument("--no-plots", action="store_true", help="write the data only")
+    return ap
+
+
+def _requests(trace: str, reading: str, limit: int | None):
+    from experiments.common.inputs import InputError
+
+    try:
+        requests = load_requests(trace, reading, limit)
+    except (ValueError, ModuleNotFoundError) as err:
+        raise InputError(str(err)) from None
+    if not requests:
+        raise InputError(f"{trace}: no requests (reading {reading})")
+    return requests
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from experiments.results_io import environment, log, write_csv, write_json
+    from experiments.common.inputs import fail_on_input_error
 
-    ap = argparse.ArgumentParser(prog="python -m experiments.traces.checkpoint_budget", description=__doc__.split("\n")[0])
-    ap.add_argument("--trace", required=True, choices=list(WORKLOADS))
-    ap.add_argument("--reading", type=name_list(READINGS), default=None,
-                    help=f"comma-separated, of {', '.join(READINGS)} (default: the trace's)")
-    ap.add_argument("--limit", type=int, default=None, help="the first N requests (default: all)")
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--no-plots", action="store_true")
+    return fail_on_input_error(parser)(_main)(argv)
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    from experiments.common.outputs import precheck_out, report_written, resolve_out
+    from experiments.common.results_io import environment, log, write_csv, write_json
+
+    ap = parser()
     args = ap.parse_args(argv)
+    if args.publish:
+        ap.error("argument --publish: the record folder depends on the trace; name it: "
+                 "--out results/traces/checkpoint-budget-<trace>")
+    if args.replot:
+        resolve_out(ap, args, reading="--replot")
+        report_written([replot(args.out)])
+        return
+    if args.trace is None:
+        ap.error("the following arguments are required: --trace")
+    precheck_out(ap, args.out)
     readings = args.reading or [default_reading(args.trace)]
+    requests = {reading: _requests(args.trace, reading, args.limit) for reading in readings}
+    resolve_out(ap, args)
     rows = []
     for reading in readings:
-        requests = load_requests(args.trace, reading, args.limit)
-        log(f"{args.trace} ({reading}): {len(requests)} requests")
-        rows += [{"trace": args.trace, "reading": reading, "requests": len(requests), **r}
-                 for r in curve(requests, args.block_size)]
+        log(f"{args.trace} ({reading}): {len(requests[reading])} requests")
+        rows += [{"trace": args.trace, "reading": reading, "requests": len(requests[reading]), **r}
+                 for r in curve(requests[reading], args.block_size)]
     config = {"trace": args.trace, "readings": readings, "limit": args.limit, "block_size": args.block_size,
               "ms": list(MS), "grids": list(GRIDS)}
-    write_csv(args.out / "curve.csv", rows)
-    write_json(args.out / "curve.json", {"config": config, **environment(), "rows": rows})
+    written = [write_csv(args.out / "curve.csv", rows),
+               write_json(args.out / "curve.json", {"config": config, **environment(), "rows": rows})]
     if not args.no_plots:
-        replot(args.out)
-    log(f"wrote {args.out}/curve.csv")
+        written.append(replot(args.out))
+    report_written(written)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import functools
 from typing import Sequence
 
 from kernels.checks import require
-from model.config import PRESETS, HybridConfig
+from model.config import HybridConfig
+from model.families import PRESETS
 from model.cost import ModelCost
 from model.engine.settings import ModelShape
 

@@ -27,7 +27,7 @@ per snapshot key, the requests that will restore it, and `planner.eviction.NextU
 (or declines) the one used farthest ahead. That is optimal for the number of restores; for
 restored tokens it is a strong reference, not a proven bound (restores spare different amounts).
 
-Prefixes are identified by 64-bit rolling hashes of the tokens (`runner.prefix_hashes_from`),
+Prefixes are identified by 64-bit rolling hashes of the tokens (`prefix_hashes_from` below),
 taken at block ends; a collision (about n^2 / 2^64 for n distinct prefixes) would only add a mark.
 """
 
@@ -37,9 +37,41 @@ from typing import Sequence
 
 import numpy as np
 
-from experiments.traces.runner import Powers, prefix_hashes_from
 from experiments.workloads.request import WorkloadRequest
 from planner.block_pool import hash_full_blocks
+
+_P = np.uint64(0x100000001B3)  # odd: invertible modulo 2**64
+_P_INT = int(_P)
+
+
+class Powers:
+    """P**k modulo 2**64 and the inverse powers, grown on demand."""
+
+    def __init__(self):
+        self.up = np.ones(1, np.uint64)
+        self.down = np.ones(1, np.uint64)
+
+    def get(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.up) < n + 1:
+            size = max(n + 1, 2 * len(self.up))
+            with np.errstate(over="ignore"):
+                f = np.full(size, _P, np.uint64)
+                f[0] = 1
+                self.up = np.cumprod(f, dtype=np.uint64)
+                g = np.full(size, np.uint64(pow(_P_INT, -1, 1 << 64)), np.uint64)
+                g[0] = 1
+                self.down = np.cumprod(g, dtype=np.uint64)
+        return self.up, self.down
+
+
+def prefix_hashes_from(h0: int, tokens: np.ndarray, powers: Powers) -> np.ndarray:
+    """Rolling hashes after each token: h_{i+1} = h_i * P + token_i + 1 (mod 2**64), from h0."""
+    n = len(tokens)
+    up, down = powers.get(n)
+    with np.errstate(over="ignore"):
+        # h_i = P**(i+1) * (h0 + sum_{j<=i} (t_j + 1) * P**-(j+1))
+        terms = (tokens.astype(np.uint64) + np.uint64(1)) * down[1:n + 1]
+        return up[1:n + 1] * (np.uint64(h0) + np.cumsum(terms, dtype=np.uint64))
 
 
 def optimum_matches(requests: Sequence[WorkloadRequest], block_size: int = 16) -> list[tuple[int, int, int]]:

@@ -5,7 +5,12 @@ reaches its arrival (`arrival_s * time_scale`), with max_new_tokens = its output
 trace's reply forced as its output. The engine steps while it has work (each forward, save and
 restore advances the clock by the cost model); when it is idle the clock jumps to the next
 arrival. The engine, scheduler, prefix cache, snapshot store and policy are the real ones; only
-the runner is model-free (`runner.HashRunner`, or the placeholder itself for validation).
+the runner is model-free (`model.engine.PlaceholderRunner`, checking the KV just below each row:
+`check_whole_prefix=False`; `SimConfig.check_whole_prefix` re-hashes the whole prefix, for
+validation), wrapped in `runner.SimulatedRunner` for the clock. The simulator drives the engine
+through its public surface only (`model.engine.engine` docstring): the replies as each request's
+`forced_output_ids`, the optimum's marks as `snapshot_marks`, `has_work`, and each step's
+`StepReport` (admitted and finished requests).
 
 Metrics (per policy, summed over requests): `kv_hit_tokens` (KV match at admission, at the
 policy's KV block), `ssm_hit_tokens` (restore points), `lost_tokens` (their difference: KV there
@@ -24,7 +29,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from experiments.traces.cost import ShapeCost
-from experiments.traces.runner import HashRunner, SimClock, SimulatedRunner
+from experiments.traces.runner import SimClock, SimulatedRunner
 from experiments.workloads.request import WorkloadRequest
 from kernels.checks import require
 from model.engine import Engine, resolve_settings
@@ -32,9 +37,9 @@ from model.engine.placeholder_runner import PlaceholderRunner
 from planner.eviction import EVICTION_POLICIES, NextUseEviction
 from planner.policies.registry import get_policy
 from planner.snapshot_store import EvictionPolicy
+from planner.snapshot_tiers import Tier, disk_tier, host_tier
 
 GB = 1e9
-RUNNERS = ("hash", "placeholder")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +54,10 @@ class SimConfig:
     max_batch_size: int = 64
     kv_pool_gb: float = 60.0  # KV memory, the same for every policy and budget
     time_scale: float = 1.0  # arrivals at arrival_s * time_scale
-    runner: str = "hash"
+    check_whole_prefix: bool = False  # the runner re-hashes the whole KV prefix under each row (validation; slow)
     eviction: str | None = None  # None: the policy's own (`get_policy(policy).eviction`); a name overrides it
+    host_gb: float | None = None  # a host-memory snapshot tier below the device budget (None or 0: none)
+    disk_gb: float | None = None  # a disk tier below that (None or 0: none)
 
     def __post_init__(self):
         get_policy(self.policy)
@@ -59,7 +66,15 @@ class SimConfig:
         require(self.budget_gb is None or self.budget_gb >= 0, "budget_gb", f"must be >= 0 or None, got {self.budget_gb}")
         require(self.kv_pool_gb > 0, "kv_pool_gb", f"must be > 0, got {self.kv_pool_gb}")
         require(self.time_scale > 0, "time_scale", f"must be > 0, got {self.time_scale}")
-        require(self.runner in RUNNERS, "runner", f"must be one of {RUNNERS}, got {self.runner!r}")
+        for name in ("host_gb", "disk_gb"):
+            value = getattr(self, name)
+            require(value is None or value >= 0, name, f"must be >= 0 or None, got {value}")
+        require(not self.lower_tiers() or self.budget_gb is not None, "host_gb",
+                "a lower tier needs a device budget (budget_gb): an unbounded device never demotes")
+
+    def lower_tiers(self) -> tuple[Tier, ...]:
+        """The snapshot tiers below the device (`planner.snapshot_tiers`: PCIe 5 host, NVMe disk)."""
+        return tuple(make(gb) for gb, make in ((self.host_gb, host_tier), (self.disk_gb, disk_tier)) if gb)
 
     def requested_settings(self, cost: ShapeCost) -> dict:
         """The flat settings this run asks for (its base block, budgets, KV pool in bytes, eviction
@@ -68,7 +83,7 @@ class SimConfig:
         return dict(block_size=self.block_size, prefill_budget=self.prefill_budget, max_batch_size=self.max_batch_size,
                     num_kv_blocks=lambda block: max(1, kv_tokens // block), policy=self.policy, capture_mode="in_pass",
                     snapshot_byte_budget=None if self.budget_gb is None else int(self.budget_gb * GB),
-                    eviction=self.eviction)
+                    eviction=self.eviction, snapshot_lower_tiers=self.lower_tiers())
 
     def engine_settings(self, cost: ShapeCost) -> dict:
         """The flat engine settings this policy runs with (its block, decode states, budget, eviction):
@@ -92,38 +107,20 @@ class RequestRecord:
     preemptions: int
 
 
-def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock, replies: dict[str, list[int]],
-                 prompt_lens: dict[str, int], eviction: EvictionPolicy | None = None) -> Engine:
-    """The real engine over the chosen model-free runner, wrapped in the simulated runner
+def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock,
+                 eviction: EvictionPolicy | None = None) -> Engine:
+    """The real engine over the model-free runner, wrapped in the simulated runner
     (`Engine.for_runner`: the policy's defaults applied as in every study). `eviction`: an
     eviction policy object that overrides the configured one (the optimum's next-use eviction)."""
-    engine: Engine | None = None
-
-    def next_tokens(rows) -> list[int | None]:
-        by_slot = {req.slot: req.request_id for req in engine.scheduler.running}
-        out = []
-        for row in rows:  # a decode row's hot path: plain dict and list lookups
-            rid = by_slot.get(row.state_slot)
-            reply = replies.get(rid) if rid is not None else None
-            if reply is None:
-                out.append(None)
-                continue
-            i = row.start_pos + row.token_ids.numel() - prompt_lens[rid]
-            out.append(reply[i] if 0 <= i < len(reply) else None)
-        return out
-
     def make_runner(config) -> SimulatedRunner:
         s = config.scheduler
-        if cfg.runner == "hash":
-            inner = HashRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, 64, cost.state_bytes, emit_logits=False)
-        else:
-            inner = PlaceholderRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, 64, cost.state_bytes)
-        return SimulatedRunner(inner, cost, clock, next_tokens)
+        inner = PlaceholderRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, 64, cost.state_bytes,
+                                  check_whole_prefix=cfg.check_whole_prefix)
+        return SimulatedRunner(inner, cost, clock)
 
     settings = cfg.requested_settings(cost) | ({} if eviction is None else {"eviction": eviction})
-    engine = Engine.for_runner(make_runner, cost.model_shape, snapshot_flops=cost.snapshot_flops, clock=clock,
-                               **settings)
-    return engine
+    return Engine.for_runner(make_runner, cost.model_shape, snapshot_flops=cost.snapshot_flops, clock=clock,
+                             **settings)
 
 
 def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
@@ -136,41 +133,34 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
     t0 = time.perf_counter()
     cost = ShapeCost.from_preset(cfg.shape)
     clock = SimClock()
-    replies: dict[str, list[int]] = {}
-    prompt_lens: dict[str, int] = {}
     future = NextUseEviction(uses) if uses is not None and cfg.budget_gb is not None else None
-    engine = build_engine(cfg, cost, clock, replies, prompt_lens, future)
+    engine = build_engine(cfg, cost, clock, future)
     store = engine.snapshots
     pending = iter(requests)
     nxt = next(pending, None)
-    arrivals: dict[str, float] = {}
     indices: dict[str, int] = {}
     peak = 0
     byte_seconds = 0.0
     last_t = 0.0
     prompt_tokens = 0
     records: list[RequestRecord] = []
-    while nxt is not None or engine.scheduler.has_work:
-        if not engine.scheduler.has_work:
+    while nxt is not None or engine.has_work:
+        if not engine.has_work:
             clock.advance_to(nxt.arrival_s * cfg.time_scale)
         while nxt is not None and nxt.arrival_s * cfg.time_scale <= clock.now:
             rid = f"r{nxt.index}"
-            reply = nxt.reply_ids()
-            if reply is not None:
-                replies[rid] = reply
-            prompt_lens[rid] = nxt.prompt_len
-            req = engine.add_request(nxt.prompt_ids(), max_new_tokens=nxt.output_len, request_id=rid)
-            if marks and nxt.index in marks:
-                req.snapshot_marks = tuple(int(m) for m in marks[nxt.index])
-            req.metrics.arrival_s = nxt.arrival_s * cfg.time_scale
-            arrivals[rid], indices[rid] = req.metrics.arrival_s, nxt.index
+            engine.add_request(nxt.prompt_ids(), max_new_tokens=nxt.output_len, request_id=rid,
+                               forced_output_ids=nxt.reply_ids(), snapshot_marks=(marks or {}).get(nxt.index, ()),
+                               arrival_s=nxt.arrival_s * cfg.time_scale)
+            indices[rid] = nxt.index
             prompt_tokens += nxt.prompt_len
             nxt = next(pending, None)
-        if not engine.scheduler.has_work:
+        if not engine.has_work:
             continue
-        finished = engine.step()
+        step = engine.step()
+        finished = step.finished
         if future is not None:  # admitted requests have restored: their uses are behind them
-            for r in (*engine.scheduler.running, *finished):
+            for r in step.admitted:
                 future.served(indices[r.request_id])
         byte_seconds += store.bytes_held * (clock.now - last_t)
         last_t = clock.now
@@ -180,8 +170,7 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
             records.append(RequestRecord(indices[r.request_id], len(r.prompt_token_ids), m.kv_match_tokens,
                                          m.restore_at, m.replayed_tokens, m.prefill_passes, list(m.chunk_ends),
                                          list(m.snapshot_positions), m.first_token_s - m.arrival_s, m.preemptions))
-            replies.pop(r.request_id, None)
-        engine.finished.clear()  # the records hold what is needed; finished requests hold their prompts
+            del indices[r.request_id]  # the record holds what is needed: nothing keeps a finished request
     records.sort(key=lambda r: r.index)
     held = {"peak": peak, "mean": byte_seconds / max(clock.now, 1e-12)}
     metrics = _metrics(records, engine, clock, held, prompt_tokens) | {"wall_s": time.perf_counter() - t0}
@@ -208,7 +197,12 @@ def _metrics(records: list[RequestRecord], engine: Engine, clock: SimClock, held
         "snapshots_restored": stats.restored,
         "snapshots_rejected": stats.rejected,
         "snapshots_declined": stats.declined,
-        "eviction": engine.snapshots.eviction.name,
+        "snapshots_demoted": dict(sorted(stats.demoted.items())),  # per lower tier: moves down
+        "snapshot_bytes_demoted": dict(sorted(stats.demoted_bytes.items())),
+        "snapshots_promoted": dict(sorted(stats.promoted.items())),  # restores from a lower tier
+        "snapshot_bytes_promoted": dict(sorted(stats.promoted_bytes.items())),
+        "restore_transfer_s": stats.restore_transfer_s,  # their transfer time, before any overlap
+        "eviction": engine.effective_settings["eviction"],
         "saved_by_origin": dict(sorted(stats.saved_by_origin.items())),
         "restored_tokens_by_origin": dict(sorted(stats.restored_tokens_by_origin.items())),
         "preemptions": sum(r.preemptions for r in records),
@@ -218,7 +212,7 @@ def _metrics(records: list[RequestRecord], engine: Engine, clock: SimClock, held
         "ttft_s_mean": float(ttft.mean()),
         "simulated_span_s": clock.now,
         "simulated_busy_s": engine.runner.busy_s,
-        "block_size": engine.config.scheduler.block_size,
-        "state_block": engine.config.scheduler.state_block,
+        "block_size": engine.effective_settings["block_size"],
+        "state_block": engine.effective_settings["state_block"],
         "effective_settings": engine.effective_settings,
     }

@@ -1,4 +1,4 @@
-"""Policies x snapshot budgets x readings as one sweep through `experiments.sweep_parts`.
+"""Policies x snapshot budgets x readings as one sweep through `experiments.common.sweep_parts`.
 
 A point is `{"trace", "reading", "policy", "budget_gb"}` (budget None: unbounded). `run_points`
 measures the points of one shard and writes its part; `run_on_ray` runs shards 0..n-1 as Ray tasks
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from experiments.traces.oracle import optimum_marks, optimum_matches, optimum_uses
 from experiments.traces.simulate import SimConfig, simulate
@@ -49,31 +49,56 @@ def points_for(trace: str, readings: Sequence[str], policies: Sequence[str],
             for r in readings for b in budgets for p in policies]
 
 
-def measure_point(point: dict, config: dict) -> dict:
-    """One simulated run: the row of metrics, with the per-request TTFTs for the CDF."""
+def budget_text(budget_gb: float | None) -> str:
+    return "unbounded" if budget_gb is None else f"{budget_gb:g} GB"
+
+
+def _admitted(requests: Sequence[WorkloadRequest], every_s: float) -> Iterator[WorkloadRequest]:
+    """The requests as the simulator admits them, with a progress line (rate, ETA) every `every_s`
+    (none for a point that ends sooner: the point's own line follows)."""
+    from experiments.common.progress import Progress
+    from experiments.common.results_io import log
+
+    p = Progress(len(requests), "requests admitted", every_s)
+    for r in requests:
+        yield r
+        p.done += 1
+        if p.clock() - p.last >= every_s:
+            p.last = p.clock()
+            log("  " + p.line())
+
+
+def measure_point(point: dict, config: dict, progress_s: float | None = None) -> dict:
+    """One simulated run: the row of metrics, with the per-request TTFTs for the CDF. `progress_s`:
+    log the requests admitted so far (rate, ETA) every that many seconds."""
     requests = load_requests(point["trace"], point["reading"], config["limit"], config.get("trace_file"))
     cfg = SimConfig(point["policy"], shape=config["shape"], budget_gb=point["budget_gb"],
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
-                    kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"], eviction=config.get("eviction"))
+                    kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"], eviction=config.get("eviction"),
+                    host_gb=config.get("host_gb"), disk_gb=config.get("disk_gb"))
     marks = uses = None
     if get_policy(cfg.policy).needs_oracle:
         marks, uses = oracle_for(point["trace"], point["reading"], config["limit"], config.get("trace_file"),
                                  cfg.block_size)
-    out = simulate(requests, cfg, marks, uses)
+    out = simulate(requests if progress_s is None else _admitted(requests, progress_s), cfg, marks, uses)
     return {**point, **out["metrics"], "ttft_s": [round(r.ttft_s, 6) for r in out["records"]]}
 
 
 def run_points(out: Path, points: list[dict], config: dict, spec: tuple[int, int], resume: bool = False) -> dict:
     """Measure shard `spec` of the points and write its part (`sweep_parts.run_shard`; `resume`:
     keep the points a killed run of this shard finished)."""
-    from experiments import sweep_parts
-    from experiments.results_io import log
+    from experiments.common import sweep_parts
+    from experiments.common.progress import Progress
+    from experiments.common.results_io import log, shard
+
+    mine = len(shard(list(range(len(points))), spec))
+    progress = Progress(mine, "points", every_s=0.0)
 
     def measure(i: int, point: dict) -> list[dict]:
-        log(f"point {i}: {point['reading']} {point['policy']} budget {point['budget_gb']} GB")
-        row = measure_point(point, config)
-        log(f"  kv {row['kv_hit_tokens']} ssm {row['ssm_hit_tokens']} replayed {row['replayed_tokens']} "
-            f"in {row['wall_s']:.0f} s")
+        log(f"point {i}: {point['reading']} {point['policy']} snapshot memory {budget_text(point['budget_gb'])}")
+        row = measure_point(point, config, progress_s=30.0)
+        progress.advance(note=f"kv {row['kv_hit_tokens']} ssm {row['ssm_hit_tokens']} replayed "
+                              f"{row['replayed_tokens']} in {row['wall_s']:.0f} s")
         return [{"point": i, "row": 0, **row}]
 
     return sweep_parts.run_shard(Path(out), NAME, points, config, spec, measure, tag=lambda p: dict(p), resume=resume)
@@ -137,13 +162,14 @@ def summarize(rows: list[dict], config: dict, environment: dict, cost: dict) -> 
 
 def _metrics(row: dict) -> dict:
     keep = (*METRICS, "requests", "prompt_tokens", "engine_forwards", "snapshots_restored", "snapshots_declined", "eviction",
-            "saved_by_origin", "restored_tokens_by_origin", "preemptions",
+            "saved_by_origin", "restored_tokens_by_origin", "preemptions", "snapshots_demoted",
+            "snapshot_bytes_demoted", "snapshots_promoted", "snapshot_bytes_promoted", "restore_transfer_s",
             "ttft_s_mean", "simulated_span_s", "simulated_busy_s", "block_size", "state_block", "effective_settings",
             "wall_s")
     return {k: row[k] for k in keep if k in row}
 
 
 def write_ttfts(out: Path, rows: list[dict]) -> None:
-    from experiments.results_io import write_json
+    from experiments.common.results_io import write_json
 
     write_json(Path(out) / "ttft.json", [{k: r[k] for k in ("reading", "policy", "budget_gb", "ttft_s")} for r in rows])

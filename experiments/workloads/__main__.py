@@ -1,37 +1,47 @@
 """Statistics of a workload; writes nothing unless --out is given.
 
     python -m experiments.workloads --trace mooncake-conversation --reading chains --limit 1000
-    python -m experiments.workloads --trace sharegpt --limit 5000 --out /tmp/stats   # needs .[traces]
+    python -m experiments.workloads --trace sharegpt --limit 5000 --out runs/workloads   # needs .[traces]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from experiments.common.flags import add_limit_flag, float_in_range, int_in_range, new_parser
+from experiments.common.inputs import InputError, fail_on_input_error
 from experiments.workloads import READINGS, WORKLOADS, default_reading, open_workload
 from experiments.workloads.mooncake import DEFAULT_VOCAB
 from experiments.workloads.stats import format_summary, summarize
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.workloads", description=__doc__.split("\n")[0])
+def parser():
+    ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.workloads")
     ap.add_argument("--trace", required=True, choices=WORKLOADS, help="the workload source")
     ap.add_argument("--reading", choices=READINGS, default=None,
-                    help="Mooncake: as-given (default) or chains; sharegpt, synthetic: chains only (the default)")
-    ap.add_argument("--limit", type=int, default=None, help="the first N requests in arrival order (default: all)")
-    ap.add_argument("--vocab-size", type=int, default=None,
-                    help=f"token id range; Mooncake default {DEFAULT_VOCAB}, sharegpt default: Qwen's ids unfolded")
-    ap.add_argument("--conversation-rate", type=float, default=1.0, help="sharegpt: conversations started per second")
-    ap.add_argument("--turn-gap-s", type=float, default=20.0, help="sharegpt: seconds between a conversation's requests")
-    ap.add_argument("--seed", type=int, default=0,
+                    help="Mooncake: as-given (absent: as-given) or chains; sharegpt, synthetic: chains only")
+    add_limit_flag(ap, None, "requests in arrival order")
+    ap.add_argument("--vocab-size", type=int_in_range(1, 2**32 - 1), default=None,
+                    help=f"token id range (absent: Mooncake {DEFAULT_VOCAB}, sharegpt Qwen's ids unfolded)")
+    ap.add_argument("--conversation-rate", type=float_in_range(0, lo_open=True), default=1.0,
+                    help="sharegpt: conversations started per second")
+    ap.add_argument("--turn-gap-s", type=float_in_range(0, lo_open=True), default=20.0,
+                    help="sharegpt: seconds between a conversation's requests")
+    ap.add_argument("--seed", type=int_in_range(0, 2**32 - 1), default=0,
                     help="sharegpt: seed of the conversation arrivals; synthetic: seed of the sessions")
-    ap.add_argument("--out", type=Path, default=None, help="write workload_<trace>_<reading>.json into this folder")
-    args = ap.parse_args(argv)
-    if args.limit is not None and args.limit < 0:
-        ap.error(f"--limit: must be >= 0, got {args.limit}")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write workload_<trace>_<reading>.json into this folder (absent: print only)")
+    return ap
 
+
+@fail_on_input_error(parser)
+def main(argv: list[str] | None = None) -> int:
+    from experiments.common.outputs import check_writable, precheck_out, report_written
+
+    ap = parser()
+    args = ap.parse_args(argv)
+    precheck_out(ap, args.out)
     reading = args.reading or default_reading(args.trace)
     options = {}
     if args.vocab_size is not None:
@@ -43,17 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         source = open_workload(args.trace, reading, **options)
         summary = summarize(source, args.limit)
-    except (ValueError, ModuleNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except (ValueError, ModuleNotFoundError) as err:  # a bad reading, a bad trace line, a missing extra
+        raise InputError(str(err)) from None
+    if summary.get("requests", 1) == 0:
+        raise InputError(f"{args.trace}: no requests in it (reading {reading})")
     print(format_summary(summary))
     if args.out is not None:
-        from experiments.results_io import environment, write_json
+        from experiments.common.results_io import environment, write_json
 
+        check_writable(ap, args.out)
+        config = {**vars(args), "reading": reading, "out": str(args.out)}
         path = write_json(args.out / f"workload_{args.trace}_{reading}.json",
-                          {"args": {**vars(args), "reading": reading}, "summary": summary,
-                           "environment": environment()})
-        print(f"wrote {path}")
+                          {"args": config, "summary": summary, "environment": environment()})
+        report_written([path])
     return 0
 
 

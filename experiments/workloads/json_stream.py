@@ -39,7 +39,11 @@ class JsonArrayStream:
 
     def __iter__(self) -> Iterator[Any]:
         if isinstance(self.source, (str, Path)):
-            with open(self.source, "rb") as f:
+            try:
+                f = open(self.source, "rb")
+            except OSError as err:  # missing, a folder, unreadable: the same ValueError as a bad item
+                raise ValueError(f"{self.name}: cannot read it ({err.strerror or err})") from None
+            with f:
                 yield from self._items(f)
         else:
             yield from self._items(self.source)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -170,7 +171,7 @@ def _read_lines(path: Path, limit: int | None) -> Iterator[_Line]:
                         f"{line.timestamp_ms} is before the previous line's {last_ts} (not in arrival order)")
                 last_ts = line.timestamp_ms
                 yield line
-    except (OSError, EOFError, UnicodeDecodeError) as err:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
         raise ValueError(f"{path}: cannot read the trace (line {lineno + 1}: {type(err).__name__}: {err})") from err
 
 

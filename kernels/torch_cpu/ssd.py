@@ -5,14 +5,22 @@ Contract and math: `kernels.contracts.ssd`; the oracles they are tested against:
 
 * `ssd_scan_chunked`: the SSD matmul form over *logical chunks* that never span a sequence
   boundary and start every `chunk_size` tokens from their sequence's start. Chunks are processed
-  in groups sized so that the (chunks, H, L, L) decay tensor stays near 16M elements (64 MB),
-  which bounds memory for any T. A capture at offset o is made from the state entering the chunk
-  that holds token o-1: with r tokens of that chunk consumed, state_o = exp(dA_cs[r-1]) state_in
-  + sum_{j<r} exp(dA_cs[r-1] - dA_cs[j]) dt'_j x_j (outer) B_j, one (N x r) @ (r x H*P) product,
-  at most a chunk-state's work and no L x L term (on a chunk boundary it is the state after the
-  chunk, free). Captures do not change the chunking, so y and the final states are bit-identical
-  with and without them. (A padded CPU chunk costs its full L x L work even when a cut leaves it
-  with a few tokens: cutting measured +18% at T=1024, H=32; this measured +1.5%, best of 15.)
+  in groups sized so that the (chunks, H, L, L) decay tensor stays near 512K elements (2 MB): that
+  bounds memory for any T and keeps a group's elementwise passes in cache (at T=8192, H=8, one
+  thread, 64 MB groups were 5-15% slower, and 1.3-1.7x with the earlier layout below: each pass
+  went to DRAM, and glibc maps and unmaps every buffer over 32 MB, page faults included). Layouts:
+  x dt is written head-major (H, L, P) for the intra-chunk product in one pass (dt on x, not on
+  the L x L matrix), x w straight into the (G, L, Hg*P) layout of the chunk-state product, and y
+  is assembled head-major and written back once, D x added on the way; a group of full
+  back-to-back chunks (a sequence whose length is a multiple of L) reads its inputs as views and
+  writes y through one, with no gather and no masked scatter. A capture at offset o is made from
+  the state entering the chunk that holds token o-1: with r tokens of that chunk consumed,
+  state_o = exp(dA_cs[r-1]) state_in + sum_{j<r} exp(dA_cs[r-1] - dA_cs[j]) dt'_j x_j (outer) B_j,
+  one (N x r) @ (r x H*P) product, at most a chunk-state's work and no L x L term (on a chunk
+  boundary it is the state after the chunk, free). Captures do not change the chunking, so y and the final
+  states are bit-identical with and without them. (A padded CPU chunk costs its full L x L work
+  even when a cut leaves it with a few tokens: cutting measured +18% at T=1024, H=32; this
+  measured +1.5%, best of 15.)
 * `ssd_decode_step_cpu`: one token per sequence, every sequence at once, states updated in place
   through `slot_idx`.
 """
@@ -27,7 +35,7 @@ from kernels.checks import require
 from kernels.contracts.ssd import NO_LIMIT, SSDScanOutput, check_ssd_decode_args, check_ssd_scan_args, process_dt
 from kernels.contracts.varlen import build_chunk_table
 
-_GROUP_ELEMS = 1 << 24  # (chunks, H, L, L) fp32 decay tensor per group: 64 MB
+_GROUP_ELEMS = 1 << 19  # (chunks, H, L, L) fp32 decay tensor per group: 2 MB
 
 
 def ssd_scan_chunked(
@@ -39,7 +47,9 @@ def ssd_scan_chunked(
     Default chunk 128: the intra-chunk (L x L) work grows with L, the per-chunk state work with
     T/L; on 2 CPU cores 64, 128 and 256 were within noise of each other (2.0-2.5 s for a
     32772-token prefill at H=32, P=64, N=128), and 128 keeps a capture's extra chunk at half
-    the cost of 256. Memory is bounded by the chunk groups (about 64 MB each), not by T.
+    the cost of 256. (With the small chunk groups, at T=8192, H=8, one thread, 64 measured ~25%
+    faster than 128 in this function, ~6% of a Nemotron-H prefill; `tests/test_cost_model.py`
+    pins 128, the cost model's torch scan term.) Memory is bounded by the chunk groups, not by T.
     """
     seqlens, offsets, limit = check_ssd_scan_args(
         x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets)
@@ -95,17 +105,31 @@ def ssd_scan_chunked(
     for c0 in range(0, nc, per_group):
         c1 = min(nc, c0 + per_group)
         nb = c1 - c0
-        valid = ar[None, :] < lens[c0:c1, None]  # (nb, L)
-        idx = (starts[c0:c1, None] + ar[None, :]).clamp(max=T - 1)  # pad rows read a real row, dt' = 0
-        xg = x[idx].float()  # (nb, L, H, P)
-        Bg = B[idx].float()  # (nb, L, G, N)
-        Cg = C[idx].float().permute(0, 2, 1, 3)  # (nb, G, L, N)
-        dtg = process_dt(dt[idx], bias32, dt_softplus, limit).mul_(valid[..., None])  # (nb, L, H); pads: decay 1, no input
+        t0 = table.start[c0]
+        # Full chunks back to back (every chunk of a sequence whose length is a multiple of L):
+        # the group is a view of the inputs, no gather, and y is written through a view.
+        dense = table.start[c1 - 1] - t0 == (nb - 1) * L and all(n == L for n in table.length[c0:c1])
+        if dense:
+            tokens = slice(t0, t0 + nb * L)
+            xg = x[tokens].reshape(nb, L, H, P).float()
+            Bg = B[tokens].reshape(nb, L, G, N).float()
+            Cg = C[tokens].reshape(nb, L, G, N).float().permute(0, 2, 1, 3)  # (nb, G, L, N)
+            dtg = process_dt(dt[tokens].reshape(nb, L, H), bias32, dt_softplus, limit)
+        else:
+            valid = ar[None, :] < lens[c0:c1, None]  # (nb, L)
+            idx = (starts[c0:c1, None] + ar[None, :]).clamp(max=T - 1)  # pad rows read a real row, dt' = 0
+            xg = x[idx].float()  # (nb, L, H, P)
+            Bg = B[idx].float()  # (nb, L, G, N)
+            Cg = C[idx].float().permute(0, 2, 1, 3)  # (nb, G, L, N)
+            dtg = process_dt(dt[idx], bias32, dt_softplus, limit).mul_(valid[..., None])  # (nb, L, H); pads: decay 1, no input
         dA = torch.cumsum(dtg * A32, dim=1)  # (nb, L, H)
+        xg5 = xg.view(nb, L, G, Hg, P)
 
-        # chunk states: sum_j exp(dA_last - dA_j) dt_j B_j (outer) x_j, one bmm per group of heads
+        # chunk states: sum_j exp(dA_last - dA_j) dt_j B_j (outer) x_j, one bmm per group of heads;
+        # the weighted x is written straight into the (G, L, Hg*P) layout the bmm reads
         w = torch.exp(dA[:, -1:] - dA).mul_(dtg)  # (nb, L, H)
-        xw = (xg * w[..., None]).reshape(nb, L, G, Hg * P).transpose(1, 2)  # (nb, G, L, Hg*P)
+        xw = torch.empty(nb, G, L, Hg * P, dtype=torch.float32, device=dev)
+        torch.mul(xg5.transpose(1, 2), w.view(nb, L, G, Hg, 1).transpose(1, 2), out=xw.view(nb, G, L, Hg, P))
         chunk_states = torch.matmul(Bg.permute(0, 2, 3, 1), xw)  # (nb, G, N, Hg*P)
 
         # inter-chunk recurrence: sequential over chunks, elementwise on one state
@@ -132,20 +156,37 @@ def ssd_scan_chunked(
                 st += (entering[i].view(G, N, Hg, P) * torch.exp(dA[i, r - 1]).view(G, 1, Hg, 1)).view(G, N, Hg * P)
                 captured[k] = to_hpn(st)
 
-        # y from the entering state: exp(dA_i) C_i . state
-        yc = torch.matmul(Cg, entering).transpose(1, 2).reshape(nb, L, H, P)  # (nb, L, H, P)
-        yc.mul_(torch.exp(dA)[..., None])
+        # y from the entering state, exp(dA_i) C_i . state, scaled into head-major (nb, H, L, P)
+        yoff = torch.matmul(Cg, entering).view(nb, G, L, Hg, P)
+        yh = torch.empty(nb, G, Hg, L, P, dtype=torch.float32, device=dev)
+        torch.mul(yoff.transpose(2, 3), torch.exp(dA).view(nb, L, G, Hg, 1).permute(0, 2, 3, 1, 4), out=yh)
 
-        # y within the chunk: (C_i . B_j) exp(dA_i - dA_j) dt_j x_j for j <= i
+        # y within the chunk: (C_i . B_j) exp(dA_i - dA_j) dt_j x_j for j <= i, accumulated onto yh;
+        # dt_j goes onto x (nb*H*L*P) rather than onto the (nb*H*L*L) decay matrix
         CB = torch.matmul(Cg, Bg.permute(0, 2, 3, 1))  # (nb, G, L, L)
-        dAh = dA.transpose(1, 2)  # (nb, H, L)
+        dAh = dA.transpose(1, 2).contiguous()  # (nb, H, L): seg below comes out contiguous
         seg = (dAh[..., :, None] - dAh[..., None, :]).masked_fill_(~causal, -math.inf).exp_()
-        seg.mul_(dtg.transpose(1, 2)[..., None, :])
         seg.view(nb, G, Hg, L, L).mul_(CB[:, :, None])
-        yc += torch.matmul(seg, xg.transpose(1, 2)).transpose(1, 2)
-        if D32 is not None:
-            yc += D32[:, None] * xg
-        y[idx[valid]] = yc[valid].to(x.dtype)
+        xdt = torch.empty(nb, H, L, P, dtype=torch.float32, device=dev)
+        torch.mul(xg.transpose(1, 2), dtg.transpose(1, 2)[..., None], out=xdt)
+        # (bmm, then add: FlopCounterMode's count, tests/test_cost_model.py, sees bmm only)
+        yh = yh.view(nb, H, L, P)
+        yh += torch.bmm(seg.view(nb * H, L, L), xdt.view(nb * H, L, P)).view(nb, H, L, P)
+
+        # back to token-major, plus D x
+        yt = yh.transpose(1, 2)  # (nb, L, H, P)
+        if dense and y.dtype == torch.float32:
+            out = y[tokens].view(nb, L, H, P)
+            if D32 is not None:
+                torch.addcmul(yt, xg, D32[:, None], out=out)
+            else:
+                out.copy_(yt)
+            continue
+        yc = yt + D32[:, None] * xg if D32 is not None else yt
+        if dense:
+            y[tokens] = yc.reshape(nb * L, H, P).to(x.dtype)
+        else:
+            y[idx[valid]] = yc[valid].to(x.dtype)
     return SSDScanOutput(y, final, captured)
 
 

@@ -10,7 +10,7 @@ A policy's engine defaults (its KV block, decode-state grid, eviction) are appli
 `Engine.for_*` in one place, `settings.resolve_settings`; explicit settings win.
 """
 
-from model.engine.engine import CAPTURE_MODES, Engine, EngineConfig, to_chunk
+from model.engine.engine import CAPTURE_MODES, Engine, EngineConfig, StepReport, to_chunk
 from model.engine.model_runner import ModelRunner
 from model.engine.placeholder_runner import PlaceholderRunner
 from model.engine.runner import Runner
@@ -18,4 +18,4 @@ from model.engine.settings import EFFECTIVE_KEYS, ModelShape, resolve_settings
 from model.engine.two_pass import cut_at_captures, run_in_passes
 
 __all__ = ["CAPTURE_MODES", "EFFECTIVE_KEYS", "Engine", "EngineConfig", "ModelRunner", "ModelShape", "PlaceholderRunner",
-           "Runner", "cut_at_captures", "resolve_settings", "run_in_passes", "to_chunk"]
+           "Runner", "StepReport", "cut_at_captures", "resolve_settings", "run_in_passes", "to_chunk"]

@@ -8,6 +8,24 @@ a last chunk or decode row that ends at one of the request's `snapshot_marks` (a
 driver's: the prompt end, a position in the reply; origin "oracle"); sampled tokens go back to
 the scheduler.
 
+What a caller sees (the whole public surface; a driver reaches into neither the scheduler nor
+the runner):
+* `add_request(prompt, max_new_tokens, ..., forced_output_ids=, snapshot_marks=, arrival_s=)`: a
+  request, returned to the caller, whose metrics fill in as it runs. `forced_output_ids` fixes its
+  output (teacher forcing: token k of the output is forced_output_ids[k]; past its end the
+  engine samples): a recorded conversation replayed on any runner, the real model included,
+  computes exactly the KV and states the recording implies (the trace simulator forces a trace's
+  replies so that later prompts holding them share their blocks). `snapshot_marks`: positions to
+  leave a snapshot at (an offline driver's); `arrival_s`: when it arrived, if not now (a driver
+  that adds requests between ticks on its own clock).
+* `has_work`: whether a request waits or runs.
+* `step()`: one tick; its `StepReport` names the requests admitted (their restore point chosen),
+  the rows run (request and state slot), the requests preempted and those finished.
+* `run_until_done()`: steps until idle; returns the requests it finished. The engine keeps no
+  finished request: the caller holds what it wants of them.
+* `snapshots` (the store: bytes held, stats), `effective_settings`, `config`, `runner` (the one the
+  engine was built with), `forward_passes`, `prompt_logits`.
+
 A last chunk that spans a capture offset runs in one of three modes:
 * ``in_pass`` - one forward; the SSM scan emits the capture (a few extra writes);
 * ``two_pass`` - the fallback (`model.engine.two_pass`): the row is cut at the offset and its
@@ -67,6 +85,9 @@ class EngineConfig:
     # The grid those decode-time states sit on (0: the KV block). vLLM keeps them on its padded
     # block, SGLang on its kernel-chunk grid; a multiple of the KV block, so a match can land there.
     decode_snapshot_grid: int = 0
+    # Tiers below the device budget (`planner.snapshot_tiers.Tier`: host memory, disk): the device's
+    # eviction victims move down instead of leaving; a restore from one costs its transfer.
+    snapshot_lower_tiers: tuple = ()
 
     def __post_init__(self):
         require(self.capture_mode in CAPTURE_MODES, "capture_mode",
@@ -130,6 +151,22 @@ def prefill_origin(req: Request, plan: ChunkPlan, position: int) -> str:
     return "chunk"
 
 
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """What one `Engine.step` did, for a driver that follows the engine from outside.
+
+    `admitted`: the requests admitted this tick (their KV match and restore point are chosen, the
+    snapshot restored: an offline eviction's future use is behind them); `ran`: per row of the
+    tick, the request and the state slot it ran in, in row order; `preempted`: the requests sent
+    back to wait (they recompute later); `finished`: the requests this tick finished (their
+    blocks and slots are released)."""
+
+    admitted: tuple[Request, ...] = ()
+    ran: tuple[tuple[Request, int], ...] = ()
+    preempted: tuple[Request, ...] = ()
+    finished: tuple[Request, ...] = ()
+
+
 class Engine:
     """Drives a scheduler and a runner: one batched forward per tick, snapshots saved and restored.
 
@@ -146,13 +183,14 @@ class Engine:
         self.runner = runner
         self.config = config
         self.snapshots = SnapshotStore(config.scheduler.block_size, config.snapshot_byte_budget,
-                                       get_eviction(eviction) if eviction is not None else None)
+                                       get_eviction(eviction) if eviction is not None else None,
+                                       lower_tiers=config.snapshot_lower_tiers)
         self.scheduler = Scheduler(config.scheduler, self.snapshots)
         self.snapshot_flops = snapshot_flops or (lambda position: float(position))
         self.clock = clock
         self.prompt_logits: dict[str, torch.Tensor] = {}
-        self.finished: list[Request] = []
         self.forward_passes = 0
+        self._forced: dict[str, Sequence[int]] = {}  # request id -> its forced output (`add_request`)
         self._ids = itertools.count()
         self._boundary_states: dict[str, tuple[int, Any]] = {}  # request id -> last block-aligned state
 
@@ -216,33 +254,62 @@ class Engine:
 
     # ------------------------------------------------------------------ intake
     def add_request(self, prompt_token_ids: Sequence[int], max_new_tokens: int = 1, request_id: str | None = None,
-                    eos_token_id: int | None = None) -> Request:
-        """Queue a request; its metrics (restore point, replayed tokens, TTFT, ...) fill in as it runs."""
+                    eos_token_id: int | None = None, *, forced_output_ids: Sequence[int] | None = None,
+                    snapshot_marks: Sequence[int] = (), arrival_s: float | None = None) -> Request:
+        """Queue a request; its metrics (restore point, replayed tokens, TTFT, ...) fill in as it runs.
+
+        `forced_output_ids`: its output, token by token, instead of the argmax of the runner's
+        logits (teacher forcing; past its end the engine samples); `snapshot_marks`: positions (of
+        prompt + output) the request leaves a snapshot at, origin "oracle"; `arrival_s`: its
+        arrival time (default: the engine's clock now)."""
         req = Request(request_id or f"req-{next(self._ids)}", list(prompt_token_ids), max_new_tokens, eos_token_id)
+        if snapshot_marks:
+            req.snapshot_marks = tuple(int(m) for m in snapshot_marks)
         self.scheduler.add_request(req)
-        req.metrics.arrival_s = self.clock()
+        if forced_output_ids is not None:
+            self._forced[req.request_id] = [int(t) for t in forced_output_ids]
+        req.metrics.arrival_s = self.clock() if arrival_s is None else arrival_s
         return req
 
+    @property
+    def has_work(self) -> bool:
+        """Whether any request waits or runs."""
+        return self.scheduler.has_work
+
     def run_until_done(self, max_ticks: int | None = None) -> list[Request]:
-        """Step until no request is left (or `max_ticks` ticks ran); returns every finished request."""
+        """Step until no request is left (or `max_ticks` ticks ran); returns the requests it finished."""
+        finished: list[Request] = []
         ticks = 0
         while self.scheduler.has_work:
-            self.step()
+            finished.extend(self.step().finished)
             ticks += 1
             if max_ticks is not None and ticks >= max_ticks:
                 break
-        return self.finished
+        return finished
+
+    def _charge_transfer(self, req: Request) -> None:
+        """A simulated-time runner pays the part of a lower-tier restore's transfer that the request's
+        queue wait did not hide (the load could start at arrival: the prefix is known then)."""
+        charge = getattr(self.runner, "charge_transfer", None)
+        m = req.metrics
+        if charge is not None and m.restore_transfer_s > 0:
+            waited = self.clock() - m.arrival_s if m.arrival_s is not None else 0.0
+            exposed = m.restore_transfer_s - max(waited, 0.0)
+            if exposed > 0:
+                charge(exposed)
 
     # ------------------------------------------------------------------ one tick
-    def step(self) -> list[Request]:
-        """One tick: restore, forward, save snapshots, sample; returns the requests it finished."""
+    def step(self) -> StepReport:
+        """One tick: restore, forward, save snapshots, sample; reports what it admitted, ran and finished."""
         out = self.scheduler.schedule()
         if not out.rows:
             if self.scheduler.has_work:
                 raise RuntimeError("scheduler made no progress: every request waits for KV blocks")
-            return []
+            return StepReport(preempted=tuple(out.preempted))
+        ran = tuple((row.request, row.request.slot) for row in out.rows)
         for row in out.rows:
             if row.restore is not None:
+                self._charge_transfer(row.request)
                 self.runner.write_state(row.request.slot, row.restore.state)
         result = self._run(out.rows)
         sampled = self._sample_and_save(out.rows, result)
@@ -251,9 +318,9 @@ class Engine:
         finished = self.scheduler.update(out, sampled)
         for req in finished:
             self._save_boundary_state(req)
+            self._forced.pop(req.request_id, None)
         self._stamp_times(out.rows, finished)
-        self.finished.extend(finished)
-        return finished
+        return StepReport(tuple(out.admitted), ran, tuple(out.preempted), tuple(finished))
 
     def _run(self, rows: list[ScheduledRow]) -> BatchOutput:
         """Run the tick's rows in the configured capture mode; per row its logits and captures."""
@@ -270,19 +337,21 @@ class Engine:
         return out
 
     def _sample_and_save(self, rows: list[ScheduledRow], result: BatchOutput) -> dict[str, int | None]:
-        """Save each prefill row's snapshots; greedy-sample rows that produce a token (None mid-prompt)."""
+        """Save each prefill row's snapshots; the token of each row that produces one (None mid-prompt):
+        the request's forced output where it has one (`add_request`), else the argmax of the logits."""
         sampled: dict[str, int | None] = {}
-        forced = result.next_tokens or [None] * len(rows)
-        for row, row_logits, row_captured, token in zip(rows, result.logits, result.captured, forced):
+        for row, row_logits, row_captured in zip(rows, result.logits, result.captured):
             req = row.request
             if not row.is_decode:
                 self._save_snapshots(row, row_captured)
             elif req.snapshot_marks:
                 self._save_marked_decode_state(row)
             produces_token = row.is_decode or row.plan.is_last
-            if produces_token and token is None:
-                token = int(torch.argmax(row_logits))
-            sampled[req.request_id] = token if produces_token else None
+            token = None
+            if produces_token:
+                forced, k = self._forced.get(req.request_id), len(req.output_token_ids)
+                token = forced[k] if forced is not None and k < len(forced) else int(torch.argmax(row_logits))
+            sampled[req.request_id] = token
             if produces_token and not row.is_decode and self.config.keep_prompt_logits:
                 self.prompt_logits[req.request_id] = row_logits.detach().clone()
         return sampled

@@ -1,12 +1,29 @@
-"""A model-free runner that still checks the engine's bookkeeping.
+"""The model-free runner: it checks the engine's bookkeeping without a model.
 
-Its "SSM state" is (position, rolling hash of the tokens consumed) and its "KV cache" stores
-token ids in paged blocks. Every row checks that the state in its slot sits at the row's
-start position and that the KV its block table exposes for [0, start_pos) hashes to the same
-prefix: a wrong restore, a stale slot, an overwritten shared block or a lease missing a block
-fails loudly. Logits are a one-hot of the final hash, so identical prefixes give identical
-logits and any other prefix does not. The main experiment runs the real model; the planner
-tests and `experiments.plan_incident` run this one, in milliseconds.
+Its "SSM state" is (position, rolling hash of the tokens consumed), h' = (h * 1_000_003 + token
++ 1) mod (2^31 - 1) from h = 0, and its "KV cache" holds, per paged position, the token written
+there and the hash of the prefix ending there. Every row checks that the state in its slot sits at
+the row's start position and hashes the same prefix as the KV its block table exposes, and that
+the cached positions it skips hold its own prefix: a wrong restore, a stale slot, an overwritten
+shared block or a lease missing a block fails loudly. Logits are a one-hot of the final hash mod
+the vocabulary, so identical prefixes give identical logits and any other prefix does not.
+
+The tokens of a row are hashed with NumPy in one go (`prefix_hashes`: the closed form of the
+recurrence, exact in int64), so a prefill chunk costs a few array operations and a decode row a
+few scalar ones. How much of the prefix below a row is checked is the one setting:
+
+* ``check_whole_prefix=True`` (the default): every position below the row start is re-hashed from
+  the tokens the KV holds there, so a shared block overwritten anywhere under the row fails; O(context)
+  per row. The planner tests, `Engine.for_placeholder` and `experiments.plan_incident.study` run this.
+* ``check_whole_prefix=False``: the position just below the row start (it holds the hash of the
+  whole prefix written through it) and the cached positions the row skips; O(row) per row. The
+  trace simulator's runner (`experiments.traces.simulate`): its 4 million decode rows over contexts
+  of 10k+ tokens make the whole-prefix check quadratic. `tests/test_traces.py` runs a trace slice
+  both ways and gets the same records.
+
+Nothing here knows a token the engine should emit: a driver that fixes a request's output (the
+trace simulator forcing a trace's replies) gives it to `Engine.add_request(forced_output_ids=...)`,
+which works over any runner.
 """
 
 from __future__ import annotations
@@ -14,15 +31,56 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from model.batch import BatchOutput, SequenceChunk
 
-_MOD = 2_147_483_647  # 2^31 - 1: h * 1_000_003 stays below 2^53, exact in float64
+_BASE = 1_000_003
+_MOD = 2_147_483_647  # 2^31 - 1, prime: every product of two residues stays below 2^62, exact in int64
+_BASE_INV = pow(_BASE, -1, _MOD)
 
 
 def _roll(h: int, token: int) -> int:
-    return (h * 1_000_003 + token + 1) % _MOD
+    """One step of the rolling hash: the state after `token` from the state `h`."""
+    return (h * _BASE + token + 1) % _MOD
+
+
+def _powers(base: int, size: int) -> np.ndarray:
+    """base**k mod _MOD for k in [0, size), by doubling (each product of two residues < 2^62)."""
+    out = np.ones(size, np.int64)
+    filled = 1
+    while filled < size:
+        k = min(filled, size - filled)
+        out[filled:filled + k] = out[:k] * pow(base, filled, _MOD) % _MOD
+        filled += k
+    return out
+
+
+class _Powers:
+    """_BASE**k and _BASE**-k mod _MOD, grown on demand."""
+
+    def __init__(self):
+        self.up = self.down = np.ones(1, np.int64)
+
+    def get(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.up) < n + 1:
+            size = max(n + 1, 2 * len(self.up))
+            self.up, self.down = _powers(_BASE, size), _powers(_BASE_INV, size)
+        return self.up, self.down
+
+
+_POWERS = _Powers()
+
+
+def prefix_hashes(h0: int, tokens: np.ndarray) -> np.ndarray:
+    """The state after each token of `tokens` from the state `h0`: `_roll` applied in turn.
+
+    h_i = B^(i+1) * (h0 + sum_{j<=i} (t_j + 1) * B^-(j+1)) mod p, every term reduced below p first."""
+    n = len(tokens)
+    up, down = _POWERS.get(n)
+    terms = (tokens.astype(np.int64) + 1) % _MOD * down[1:n + 1] % _MOD
+    return up[1:n + 1] * ((np.cumsum(terms) + h0) % _MOD) % _MOD
 
 
 @dataclasses.dataclass
@@ -38,63 +96,100 @@ class PlaceholderRunner:
     """A runner whose state is a token hash: it checks restores, slots and KV without a model."""
 
     def __init__(self, num_slots: int, num_blocks: int, block_size: int, vocab_size: int = 64,
-                 snapshot_nbytes: int = 1 << 20):
+                 snapshot_nbytes: int = 1 << 20, check_whole_prefix: bool = True):
+        """`check_whole_prefix`: re-hash the whole KV prefix under every row (module docstring)."""
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.snapshot_nbytes = snapshot_nbytes
+        self.check_whole_prefix = check_whole_prefix
         self.slots = [PlaceholderState(0, 0, snapshot_nbytes) for _ in range(num_slots)]
-        self.kv = torch.full((num_blocks, block_size), -1, dtype=torch.long)
+        self.kv = np.full((num_blocks, block_size), -1, np.int64)  # the token at each position; -1: never written
+        self.kv_hash = np.full((num_blocks, block_size), -1, np.int64)  # the hash of the prefix ending there
         self.tokens_run = 0
+        self._one_hots: dict[int, torch.Tensor] = {}
 
     def read_state(self, slot: int) -> PlaceholderState:
         """A copy of the slot's (position, hash): the snapshot to save."""
-        return dataclasses.replace(self.slots[slot])
+        s = self.slots[slot]
+        return PlaceholderState(s.position, s.hash, s.nbytes)
 
     def write_state(self, slot: int, state: PlaceholderState) -> None:
         """Restore a snapshot into the slot."""
-        self.slots[slot] = dataclasses.replace(state)
-
-    def _kv_prefix_hash(self, block_table: Sequence[int], length: int) -> int:
-        pos = torch.arange(length)
-        tokens = self.kv[torch.tensor(block_table, dtype=torch.long)[pos // self.block_size], pos % self.block_size]
-        if length and int(tokens.min()) < 0:
-            raise AssertionError(f"KV position {int(torch.argmin(tokens))} was never written")
-        h = 0
-        for token in tokens.tolist():
-            h = _roll(h, token)
-        return h
+        self.slots[slot] = PlaceholderState(state.position, state.hash, state.nbytes)
 
     def forward(self, rows: Sequence[SequenceChunk]) -> BatchOutput:
         """Check each row against its slot and KV, consume its tokens; one-hot logits of the hash."""
         logits, captured = [], []
         for row in rows:
             h, row_captured = self._run_row(row)
-            one_hot = torch.zeros(self.vocab_size)
-            one_hot[h % self.vocab_size] = 1.0
-            logits.append(one_hot)
+            logits.append(self._one_hot(h % self.vocab_size))
             captured.append(row_captured)
         return BatchOutput(logits, captured)
 
+    def _one_hot(self, token: int) -> torch.Tensor:
+        """The one-hot logits of `token`; under a 4096-token vocabulary built once per token and
+        shared (a decode row's hot path): read-only."""
+        out = self._one_hots.get(token)
+        if out is None:
+            out = torch.zeros(self.vocab_size)
+            out[token] = 1.0
+            if self.vocab_size <= 4096:
+                self._one_hots[token] = out
+        return out
+
+    def _check_prefix(self, table: Sequence[int], start: int, h: int) -> None:
+        """The KV the table exposes below `start` holds the prefix whose hash is `h`."""
+        bs = self.block_size
+        if self.check_whole_prefix:
+            pos = np.arange(start)
+            tokens = self.kv[np.asarray(table, np.int64)[pos // bs], pos % bs]
+            unwritten = tokens < 0
+            if unwritten.any():
+                raise AssertionError(f"KV position {int(np.argmax(unwritten))} was never written")
+            if int(prefix_hashes(0, tokens)[-1]) != h:
+                raise AssertionError(f"KV prefix and SSM state disagree at position {start}")
+            return
+        b, o = table[(start - 1) // bs], (start - 1) % bs
+        if self.kv[b, o] < 0:
+            raise AssertionError(f"KV position {start - 1} was never written")
+        if int(self.kv_hash[b, o]) != h:
+            raise AssertionError(f"KV prefix and SSM state disagree at position {start}")
+
     def _run_row(self, row: SequenceChunk) -> tuple[int, list[PlaceholderState]]:
-        tokens = row.token_ids.tolist()
-        state = PlaceholderState(0, 0, self.snapshot_nbytes) if row.start_pos == 0 else self.slots[row.state_slot]
-        if state.position != row.start_pos:
-            raise AssertionError(f"slot {row.state_slot} holds position {state.position}, row starts at {row.start_pos}")
-        if len(row.block_table) * self.block_size < row.start_pos + len(tokens):
+        bs, start, table, nbytes = self.block_size, row.start_pos, row.block_table, self.snapshot_nbytes
+        tokens = row.token_ids.numpy()  # a view; tensor indexing costs 6 us a call, numpy's 0.1
+        n = len(tokens)
+        state = PlaceholderState(0, 0, nbytes) if start == 0 else self.slots[row.state_slot]
+        if state.position != start:
+            raise AssertionError(f"slot {row.state_slot} holds position {state.position}, row starts at {start}")
+        if len(table) * bs < start + n:
             raise AssertionError("block table too short for the row")
-        if self._kv_prefix_hash(row.block_table, row.start_pos) != state.hash:
-            raise AssertionError(f"KV prefix and SSM state disagree at position {row.start_pos}")
-        h, row_captured = state.hash, []
-        for i, token in enumerate(tokens):
-            if i in row.capture_offsets:
-                row_captured.append(PlaceholderState(row.start_pos + i, h, self.snapshot_nbytes))
-            pos = row.start_pos + i
-            block, offset = row.block_table[pos // self.block_size], pos % self.block_size
-            if pos >= row.kv_cached_len:
-                self.kv[block, offset] = token
-            elif int(self.kv[block, offset]) != token:
-                raise AssertionError(f"cached KV at position {pos} holds another token")
-            h = _roll(h, token)
-        self.slots[row.state_slot] = PlaceholderState(row.start_pos + len(tokens), h, self.snapshot_nbytes)
-        self.tokens_run += len(tokens)
+        if start:
+            self._check_prefix(table, start, state.hash)
+        if n == 1:  # a decode row: scalars only
+            token = int(tokens[0])
+            h = _roll(state.hash, token)
+            b, o = table[start // bs], start % bs
+            if start < row.kv_cached_len:
+                if int(self.kv_hash[b, o]) != h:
+                    raise AssertionError(f"cached KV at position {start} holds another prefix")
+            else:
+                self.kv[b, o], self.kv_hash[b, o] = token, h
+            self.slots[row.state_slot] = PlaceholderState(start + 1, h, nbytes)
+            self.tokens_run += 1
+            return h, []
+        hashes = prefix_hashes(state.hash, tokens)
+        pos = np.arange(start, start + n)
+        blocks = np.asarray(table[start // bs:(start + n - 1) // bs + 1], np.int64)[pos // bs - start // bs]
+        offs = pos % bs
+        k = min(max(row.kv_cached_len - start, 0), n)  # the first k positions hold cached KV
+        if k and not np.array_equal(self.kv_hash[blocks[:k], offs[:k]], hashes[:k]):
+            raise AssertionError(f"cached KV below {row.kv_cached_len} holds another prefix")
+        self.kv[blocks[k:], offs[k:]] = tokens[k:]
+        self.kv_hash[blocks[k:], offs[k:]] = hashes[k:]
+        row_captured = [PlaceholderState(start + o, int(hashes[o - 1]) if o else state.hash, nbytes)
+                        for o in row.capture_offsets]
+        h = int(hashes[-1])
+        self.slots[row.state_slot] = PlaceholderState(start + n, h, nbytes)
+        self.tokens_run += n
         return h, row_captured

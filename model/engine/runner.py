@@ -26,3 +26,7 @@ class Runner(Protocol):
 
     def write_state(self, slot: int, state: Any) -> None:
         """Restore a snapshot into `slot`, so the next row there resumes from it."""
+
+    # Optional: `charge_transfer(seconds)`, for a runner that keeps simulated time: the engine calls
+    # it with the part of a restored snapshot's transfer from a lower tier (host, disk) that the
+    # request's queue wait did not hide. A runner on real memory moves the bytes in `write_state`.

@@ -8,8 +8,8 @@ from typing import Any
 
 from kernels.checks import require
 from model.config import HybridConfig
-from model.families.base import (Family, mamba_hf_fields, parse_int, parse_time_step_limit, reject_unknown_fields,
-                                 require_model_type)
+from model.families.base import (Family, FeedForward, mamba_hf_fields, parse_int, parse_time_step_limit,
+                                 reject_unknown_fields, require_model_type)
 from model.mlp import SwiGLU
 
 MODEL_TYPE = "bamba"
@@ -127,10 +127,47 @@ def feed_forward(c: HybridConfig, layer_index: int) -> SwiGLU:
     return SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias)
 
 
+def feed_forward_cost(c: HybridConfig, kind: str) -> FeedForward:
+    """SwiGLU gate, up, down after every layer (`model.mlp.SwiGLU`)."""
+    return FeedForward(dense=3 * c.hidden_size * c.intermediate_size)
+
+
 def checkpoint_name(c: HybridConfig, name: str) -> str:
     """`layers.3.mamba.A_log` -> `model.layers.3.mamba.A_log`; the head keeps its name."""
     return name if name.startswith("lm_head.") else f"model.{name}"
 
 
+PRESETS: dict[str, HybridConfig] = {
+    # Tests: small enough for the Triton interpreter (a 40-token forward in ~1 s); two groups, a
+    # 16-token scan chunk and 2:1 GQA keep every kernel path (multi-chunk, grouped B/C, GQA) live.
+    "tiny": HybridConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, attn_layer_indices=(1,),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=16,
+    ),
+    # The main experiment's default on 2 CPU cores: Bamba's ratios at hidden 256 (attention
+    # heads x head_dim = hidden, 4:1 GQA, Mamba P = 64, N = 128, d_conv 4, chunk 256, MLP 3x),
+    # one attention layer in six (Bamba-9B: 3 in 32). 14.4 M parameters (8.4 M of them embedding
+    # and head). A cold 32772-token prefill in 8192-token chunks took 24 s (2 threads) and 28 s
+    # (1 thread) on the shared 2-core CPU; attention grows with the cached prefix, so the last
+    # chunk (32K keys) costs 3x the first, which is why there is one attention layer.
+    "small": HybridConfig(
+        vocab_size=16384, hidden_size=256, intermediate_size=768, num_hidden_layers=6, attn_layer_indices=(3,),
+        num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+        mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=256,
+    ),
+    # Bamba-9B's shapes (ibm-fms/Bamba-9B config.json), random weights: GPU timing only.
+    "bamba-9b": HybridConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        attn_layer_indices=(9, 18, 27), num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        mamba_n_heads=128, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    ),
+}
+
+
 FAMILY = Family(model_type=MODEL_TYPE, config_from_hf=config_from_hf, config_to_hf=config_to_hf,
-                feed_forward=feed_forward, checkpoint_name=checkpoint_name)
+                feed_forward=feed_forward, checkpoint_name=checkpoint_name, feed_forward_cost=feed_forward_cost,
+                presets=PRESETS)

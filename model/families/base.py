@@ -1,6 +1,7 @@
 """`Family`: what a model family provides to the shared model, and HF-config helpers they share.
 
-A family is one module under `model/families/` exposing `FAMILY = Family(...)`:
+A family is one module under `model/families/` exposing `FAMILY = Family(...)`, listed once in
+the registry (`model/families/__init__.py`: `REGISTERED`). It owns all of its knowledge:
 
 * `config_from_hf(hf_dict) -> HybridConfig`: map its transformers `config.json` onto the shared
   config, refusing (ValueError naming the field) any field or value the shared layers do not
@@ -11,7 +12,11 @@ A family is one module under `model/families/` exposing `FAMILY = Family(...)`:
   (`model.mlp`, `model.moe`); None for a layer without one. `(T, hidden) -> (T, hidden)`;
 * `checkpoint_name(config, name) -> str | tuple[str, ...]`: our parameter name -> the
   checkpoint's tensor name, or several names whose tensors stack along a new dim 0 (experts
-  stored one tensor each).
+  stored one tensor each);
+* `feed_forward_cost(config, layer_kind) -> FeedForward`: the matrices of that feed-forward, for
+  the cost model (`model.cost.ModelCost`); None: the family has no cost rule (ModelCost refuses it);
+* `presets`: its named shapes (name -> HybridConfig of this `model_type`); the registry gathers
+  every family's into `model.families.PRESETS`.
 
 Everything else (embedding, the Mamba-2 and attention mixers with their caches and captures,
 norms, residuals and multipliers, head) is shared: `model.hybrid.HybridLM` builds it from the
@@ -22,12 +27,39 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from torch import nn
 
 from kernels.checks import require
 from model.config import HybridConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedForward:
+    """The matrices of one layer's feed-forward, as the cost model counts them: `dense` ones every
+    token passes through (an MLP, a shared expert, the router) and `num_experts` routed experts of
+    `expert` parameters each, `top_k` of them per token."""
+
+    dense: int = 0
+    expert: int = 0
+    num_experts: int = 0
+    top_k: int = 0
+
+    @property
+    def active(self) -> int:
+        return self.dense + self.top_k * self.expert
+
+    @property
+    def held(self) -> int:
+        return self.dense + self.num_experts * self.expert
+
+
+def routed_feed_forward(c: HybridConfig, dense: int, matrices_per_expert: int) -> FeedForward:
+    """`dense` plus the router (H x E) and E experts of `matrices_per_expert` H x I_e matrices."""
+    m, h = c.moe, c.hidden_size
+    return FeedForward(dense=dense + h * m.num_experts, expert=matrices_per_expert * h * m.intermediate_size,
+                       num_experts=m.num_experts, top_k=m.top_k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +69,10 @@ class Family:
     config_to_hf: Callable[[HybridConfig], dict[str, Any]]
     feed_forward: Callable[[HybridConfig, int], nn.Module | None]
     checkpoint_name: Callable[[HybridConfig, str], "str | tuple[str, ...]"]
+    # (config, layer kind) -> the matrices of that layer's feed-forward (`FeedForward`); None: no cost rule
+    feed_forward_cost: Callable[[HybridConfig, str], FeedForward] | None = None
+    # preset name -> shapes, in the order `model.families.PRESETS` lists them
+    presets: Mapping[str, HybridConfig] = dataclasses.field(default_factory=dict, hash=False)
 
 
 # Fields that never change an inference forward in any family: training knobs, token ids,

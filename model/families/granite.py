@@ -21,8 +21,8 @@ from torch import nn
 
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
-from model.families.base import (Family, mamba_hf_fields, parse_int, parse_time_step_limit, reject_unknown_fields,
-                                 require_model_type)
+from model.families.base import (Family, FeedForward, mamba_hf_fields, parse_int, parse_time_step_limit,
+                                 reject_unknown_fields, require_model_type, routed_feed_forward)
 from model.mlp import FusedSwiGLU
 from model.moe import SparseMoE
 
@@ -201,6 +201,12 @@ def feed_forward(c: HybridConfig, layer_index: int) -> GraniteFeedForward:
     return GraniteFeedForward(c)
 
 
+def feed_forward_cost(c: HybridConfig, kind: str) -> FeedForward:
+    """`shared_mlp` (fused SwiGLU: 2I x H + H x I) after every layer, plus routed SwiGLU experts."""
+    shared = 3 * c.hidden_size * c.intermediate_size
+    return FeedForward(dense=shared) if c.moe is None else routed_feed_forward(c, shared, 3)
+
+
 # our name -> the checkpoint's (transformers writes the published names: `input_linear`, `router.layer`)
 _RENAMES = [
     (re.compile(r"^final_layernorm\."), "model.norm."),
@@ -222,5 +228,77 @@ def checkpoint_name(c: HybridConfig, name: str) -> str:
     return name if name.startswith("lm_head.") else f"model.{name}"
 
 
+# ---- presets ------------------------------------------------------------------------------------
+# Granite-4.0-H layer pattern (ibm-granite/granite-4.0-h-tiny config.json, also reported for -small):
+# 40 layers, attention at 5, 15, 25, 35, Mamba-2 elsewhere (9:1).
+_GRANITE_4_H_LAYERS = tuple("attention" if i in (5, 15, 25, 35) else "mamba" for i in range(40))
+# Shared by the Granite-4.0-H configs: NoPE, tied embeddings, vocab 100352, Mamba P = 64,
+# N = 128, one group, d_conv 4, chunk 256, rms eps 1e-5, muP embedding 12 / residual 0.22 /
+# attention 1/128 (= 1/head_dim). logits_scaling differs per model and is given with each.
+_GRANITE_4_H = dict(
+    model_type=MODEL_TYPE, vocab_size=100352, num_hidden_layers=40, layer_types=_GRANITE_4_H_LAYERS,
+    position_embedding="none", partial_rotary_factor=1.0, head_dim=128, mamba_d_head=64, mamba_n_groups=1,
+    mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, rms_norm_eps=1e-5,
+    tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22, attention_scale=0.0078125,
+)
+# The reduced CPU layouts: Granite's ratios at hidden 256 in six layers (MMMAMM, as "small"),
+# head_dim 64 (attention scale 1/64), the same multipliers.
+_GRANITE_CPU = dict(
+    model_type=MODEL_TYPE, vocab_size=16384, hidden_size=256, num_hidden_layers=6,
+    layer_types=("mamba", "mamba", "mamba", "attention", "mamba", "mamba"), num_attention_heads=4,
+    num_key_value_heads=1, head_dim=64, position_embedding="none", partial_rotary_factor=1.0,
+    mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2,
+    mamba_chunk_size=256, rms_norm_eps=1e-5, tie_word_embeddings=True, embedding_multiplier=12.0,
+    residual_multiplier=0.22, attention_scale=0.015625, logits_scaling=6.0,
+)
+
+PRESETS: dict[str, HybridConfig] = {
+    # Tests (as "tiny"): MoE with 4 experts, top 2, beside the shared MLP; full-head RoPE so the
+    # chunked paths see rotated keys (the real models are NoPE, covered by the parity tests);
+    # non-trivial multipliers so a dropped one shows.
+    "granite-tiny": HybridConfig(
+        model_type="granitemoehybrid", vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+        layer_types=("mamba", "attention", "mamba"), num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        position_embedding="rope", partial_rotary_factor=1.0, attention_scale=0.125,
+        moe=MoEConfig(num_experts=4, top_k=2, intermediate_size=32),
+        mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=16, embedding_multiplier=4.0, residual_multiplier=0.5, logits_scaling=2.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=True,
+    ),
+    # CPU experiments, MoE layout: Granite-4.0-H-Tiny's ratios (64 experts of width H/3, top 6,
+    # shared MLP 2H/3) scaled to 32 experts of width 96, top 6, shared 192. 21.8 M parameters
+    # (4.2 M of them the tied embedding), 10.3 M active per token.
+    "granite-small-cpu": HybridConfig(
+        **_GRANITE_CPU, intermediate_size=192, moe=MoEConfig(num_experts=32, top_k=6, intermediate_size=96),
+    ),
+    # CPU experiments, dense layout (as granite-4.0-h-micro): shared MLP 4H, no experts. 11.4 M parameters.
+    "granite-dense-cpu": HybridConfig(**_GRANITE_CPU, intermediate_size=1024),
+    # The published shapes, random weights: GPU timing only. Totals here: micro 3.19 B, tiny 6.94 B
+    # (1.47 B active), small 32.2 B (8.8 B active), as published (3 B; 7 B / 1 B; 32 B / 9 B).
+    # ibm-granite/granite-4.0-h-micro config.json (3B dense): hidden 2048, 16 heads of 128, 4 KV heads,
+    # 64 Mamba heads, shared MLP 8192, no experts. From memory of the published file, not confirmed
+    # here: hidden/heads/KV heads, shared width, logits_scaling 8.
+    "granite-4.0-h-micro": HybridConfig(
+        **_GRANITE_4_H, hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=4,
+        mamba_n_heads=64, logits_scaling=8.0,
+    ),
+    # ibm-granite/granite-4.0-h-tiny config.json (7B, 1B active): hidden 1536, 12 heads, 4 KV heads,
+    # 48 Mamba heads, 64 experts of 512, top 6, shared MLP 1024 (confirmed against a copy of the
+    # published file). logits_scaling 6: from memory, not confirmed here.
+    "granite-4.0-h-tiny": HybridConfig(
+        **_GRANITE_4_H, hidden_size=1536, intermediate_size=1024, num_attention_heads=12, num_key_value_heads=4,
+        mamba_n_heads=48, moe=MoEConfig(num_experts=64, top_k=6, intermediate_size=512), logits_scaling=6.0,
+    ),
+    # ibm-granite/granite-4.0-h-small config.json (32B, 9B active): hidden 4096, 32 heads, 8 KV heads,
+    # 72 experts of 768, top 10, shared MLP 1536 (confirmed against a copy of the published file);
+    # 128 Mamba heads follow from expand 2 and P = 64. logits_scaling 8: not confirmed here.
+    "granite-4.0-h-small": HybridConfig(
+        **_GRANITE_4_H, hidden_size=4096, intermediate_size=1536, num_attention_heads=32, num_key_value_heads=8,
+        mamba_n_heads=128, moe=MoEConfig(num_experts=72, top_k=10, intermediate_size=768), logits_scaling=8.0,
+    ),
+}
+
+
 FAMILY = Family(model_type=MODEL_TYPE, config_from_hf=config_from_hf, config_to_hf=config_to_hf,
-                feed_forward=feed_forward, checkpoint_name=checkpoint_name)
+                feed_forward=feed_forward, checkpoint_name=checkpoint_name, feed_forward_cost=feed_forward_cost,
+                presets=PRESETS)

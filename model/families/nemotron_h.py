@@ -26,11 +26,11 @@ from typing import Any
 from torch import nn
 
 from kernels.checks import require
-from model.config import HybridConfig, MoEConfig, layer_types_from_pattern
-from model.families.base import (Family, parse_int, parse_time_step_limit, reject_unknown_fields,
-                                 require_model_type)
+from model.config import HybridConfig, MoEConfig
+from model.families.base import (Family, FeedForward, parse_int, parse_time_step_limit, reject_unknown_fields,
+                                 require_model_type, routed_feed_forward)
+from model.families.nemotron_h_moe import NemotronHMoE
 from model.mlp import ReluSquaredMLP
-from model.moe_nemotron import NemotronHMoE
 
 MODEL_TYPE = "nemotron_h"
 
@@ -38,6 +38,18 @@ MODEL_TYPE = "nemotron_h"
 BLOCK_TYPES = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "attention", "attention": "attention",
                "mlp": "mlp", "moe": "moe"}
 PATTERN_SYMBOLS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}  # our layer type -> pattern symbol
+
+
+def layer_types_from_pattern(pattern: str) -> tuple[str, ...]:
+    """Nemotron-H's `hybrid_override_pattern`: M Mamba-2, * attention, - MLP, E MoE, one symbol per layer."""
+    symbols = {symbol: kind for kind, symbol in PATTERN_SYMBOLS.items()}
+    require(isinstance(pattern, str) and pattern, "hybrid_override_pattern", f"expected a non-empty string, "
+            f"got {pattern!r}")
+    bad = sorted(set(pattern) - set(symbols))
+    require(not bad, "hybrid_override_pattern", f"unknown layer symbol(s) {bad} in {pattern!r} (supported: "
+            f"{', '.join(f'{k} {v}' for k, v in symbols.items())})")
+    return tuple(symbols[ch] for ch in pattern)
+
 
 # transformers' NemotronHConfig defaults (v5.24), used for absent fields.
 DEFAULT_BLOCK_TYPES = ("linear_attention", "moe", "full_attention", "mlp")  # neither pattern nor list given
@@ -261,6 +273,15 @@ def feed_forward(c: HybridConfig, layer_index: int) -> nn.Module | None:
     return None
 
 
+def feed_forward_cost(c: HybridConfig, kind: str) -> FeedForward:
+    """relu^2 MLP (up, down) as a "-" layer; relu^2 experts + one shared relu^2 expert as "E"."""
+    if kind == "mlp":
+        return FeedForward(dense=2 * c.hidden_size * c.intermediate_size)
+    if kind == "moe":
+        return routed_feed_forward(c, 2 * c.hidden_size * c.moe.shared_expert_intermediate_size, 2)
+    return FeedForward()  # a mixer layer carries no feed-forward
+
+
 _SUBMODULES = ("input_layernorm", "pre_ff_layernorm", "mamba", "self_attn", "feed_forward")
 
 
@@ -284,5 +305,67 @@ def checkpoint_name(c: HybridConfig, name: str) -> str | tuple[str, ...]:
     return f"{prefix}.mixer.{rest}"
 
 
+# ---- presets ------------------------------------------------------------------------------------
+def _nemotron_h(pattern: str, **shapes) -> HybridConfig:
+    """What every Nemotron-H shares: NoPE attention, no biases, relu^2 MLPs (set by the family), fp32
+    norm-weight multiply, eps 1e-5, dt clamped below at time_step_min = 0.001, untied head."""
+    fixed = dict(model_type=MODEL_TYPE, num_hidden_layers=len(pattern), layer_types=layer_types_from_pattern(pattern),
+                 position_embedding="none", time_step_limit=(0.001, math.inf), rms_norm_eps=1e-5,
+                 rms_norm_weight_in_fp32=True, tie_word_embeddings=False)
+    return HybridConfig(**fixed, **shapes)
+
+
+PRESETS: dict[str, HybridConfig] = {
+    # Tests: every layer kind ("ME*M-E": Mamba, MoE, attention, Mamba, MLP, MoE) at interpreter-fast
+    # shapes. head_dim 24 != hidden / heads and Mamba d_inner 4 x 16 = 64 != expand * hidden, as
+    # Nemotron-H allows; 8 experts in 4 groups, 2 groups and 2 experts per token, so the grouped
+    # routing is live (the published models use one group).
+    "nemotron-h-tiny": _nemotron_h(
+        "ME*M-E", vocab_size=256, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=24, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=16,
+        moe=MoEConfig(num_experts=8, top_k=2, intermediate_size=32, router="sigmoid_grouped_topk", n_group=4,
+                      topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, shared_expert_intermediate_size=48),
+    ),
+    # The CPU experiment size of the Nemotron-H layout (15.6 M parameters, 8.4 M of them embedding and
+    # head), at the "small" preset's hidden 256 and vocabulary: Nemotron 3 Nano's alternation of
+    # Mamba and MoE layers plus Nemotron-H-8B's dense relu^2 MLP layers, one attention layer in ten.
+    # Nemotron's Mamba shapes scaled down (head dim 64, N = 128, d_conv 4, chunk 128, grouped B/C),
+    # Nano's routing (one group, sigmoid, normalized top-k times 2.5) over 16 experts, top 4.
+    "nemotron-h-small-cpu": _nemotron_h(
+        "MEM-M*MEM-", vocab_size=16384, hidden_size=256, intermediate_size=768, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=2, mamba_d_state=128,
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
+        moe=MoEConfig(num_experts=16, top_k=4, intermediate_size=192, router="sigmoid_grouped_topk",
+                      norm_topk_prob=True, routed_scaling_factor=2.5, shared_expert_intermediate_size=384),
+    ),
+    # nvidia/Nemotron-H-8B-Base-8K, random weights (GPU timing only). Shapes are transformers'
+    # NemotronHConfig defaults, which are this model's (hidden 4096, MLP 21504, 32/8 heads of 128,
+    # Mamba 128 heads x 64, 8 groups, N = 128), and the 52-layer pattern of NVIDIA's configuration
+    # file (24 Mamba-2, 24 MLP, 4 attention, as the Nemotron-H paper, arXiv 2504.03624, lists).
+    # Not confirmed against the config.json itself (no network here): the pattern, the 131072
+    # vocabulary and chunk 128; the parameter count, 8,100,852,736, matches a published
+    # per-tensor breakdown of the checkpoint.
+    "nemotron-h-8b": _nemotron_h(
+        "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", vocab_size=131072, hidden_size=4096,
+        intermediate_size=21504, num_attention_heads=32, num_key_value_heads=8, head_dim=128, mamba_n_heads=128,
+        mamba_d_head=64, mamba_n_groups=8, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
+    ),
+    # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json (as quoted in public code; the model
+    # card: 52 layers = 23 Mamba-2 + 23 MoE + 6 attention, 128 experts + 1 shared, 6 per token,
+    # 31.6 B total / ~3.5 B active parameters: this preset has 31.58 B / 3.58 B). Random weights:
+    # GPU timing only. Mamba d_inner = 64 x 64 = 4096, not expand * hidden.
+    "nemotron-3-nano": _nemotron_h(
+        "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", vocab_size=131072, hidden_size=2688,
+        intermediate_size=1856, num_attention_heads=32, num_key_value_heads=2, head_dim=128, mamba_n_heads=64,
+        mamba_d_head=64, mamba_n_groups=8, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
+        moe=MoEConfig(num_experts=128, top_k=6, intermediate_size=1856, router="sigmoid_grouped_topk", n_group=1,
+                      topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                      shared_expert_intermediate_size=3712),
+    ),
+}
+
+
 FAMILY = Family(model_type=MODEL_TYPE, config_from_hf=config_from_hf, config_to_hf=config_to_hf,
-                feed_forward=feed_forward, checkpoint_name=checkpoint_name)
+                feed_forward=feed_forward, checkpoint_name=checkpoint_name, feed_forward_cost=feed_forward_cost,
+                presets=PRESETS)

@@ -14,6 +14,7 @@ from planner.policies.aligned import Aligned
 from planner.policies.base import PlacementPolicy
 from planner.policies.legacy import Legacy
 from planner.policies.marconi import Marconi
+from planner.policies.ollama import Ollama
 from planner.policies.optimum import Optimum
 from planner.policies.ours_plus import OursPlus
 from planner.policies.sglang import SGLang
@@ -32,8 +33,8 @@ def _by_name(policies: Iterable[PlacementPolicy]) -> dict[str, PlacementPolicy]:
     return out
 
 
-_REGISTERED = (Aligned(), Legacy(), VllmAlign(), VllmJunction(), SGLang(), TensorRTLLM(), Marconi(), OursPlus(),
-               Optimum())
+_REGISTERED = (Aligned(), Legacy(), VllmAlign(), VllmJunction(), SGLang(), TensorRTLLM(), Marconi(), Ollama(),
+               OursPlus(), Optimum())
 POLICIES: Mapping[str, PlacementPolicy] = types.MappingProxyType(_by_name(_REGISTERED))  # read-only
 
 

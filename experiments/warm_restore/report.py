@@ -1,4 +1,4 @@
-"""The main experiment's figure and markdown report, drawn from its JSON (`experiments.warm_restore`).
+"""The main experiment's figure and markdown report, drawn from its JSON (`experiments.warm_restore.study`).
 
 Files written before `--policy` and the paired min-based headline existed still read: their
 compared policy is aligned and their warm TTFT statistic the median.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.results_io import save_figure
-from experiments.runs import SEED_FIGURES
+from experiments.common import figure_style as fs
+from experiments.common.runs import SEED_FIGURES
 
 BASELINE = "legacy"
 
@@ -27,16 +27,20 @@ def ratio_key(policy: str) -> str:
 def _plot_plan(ax, result: dict, lo: int, hi: int, annotate: bool) -> None:
     """Both policies' chunk ends (ticks) and snapshots (circles) on one token axis."""
     other = compared(result)
-    for y, policy, color in ((1, BASELINE, "tab:red"), (0, other, "tab:green")):
-        r = result[policy]
+    for y, policy in ((1, BASELINE), (0, other)):
+        r, color = result[policy], fs.color(policy)
         ax.hlines(y, lo, hi, color="0.85", lw=8)
         ends = [e for e in r["chunk_ends"] if lo <= e <= hi]
         snaps = [p for p in r["snapshot_positions"] if lo <= p <= hi]
         ax.vlines(ends, y - 0.25, y + 0.25, color=color, lw=1.5)
-        ax.plot(snaps, [y] * len(snaps), "o", color=color, ms=8, mfc="white", label=f"{policy}: snapshots")
+        ax.plot(snaps, [y] * len(snaps), linestyle="none", marker=fs.marker(policy), color=color, ms=8, mfc="white",
+                label=f"{policy}: snapshots")
         if annotate or lo <= r["warm_restore_at"] <= hi:
+            near_end = r["warm_restore_at"] > lo + 0.85 * (hi - lo)  # keep the label inside the axes
             ax.annotate(f"restore {r['warm_restore_at']}\nreplay {r['warm_replayed_tokens']}",
-                        (r["warm_restore_at"], y + 0.3), ha="center", fontsize=8, color=color)
+                        (r["warm_restore_at"], y + 0.3), ha="right" if annotate and near_end else "center",
+                        xytext=(-6 if annotate and near_end else 0, 0), textcoords="offset points", fontsize=8,
+                        color=color)
         if not annotate:
             for k, e in enumerate(ends):  # staggered: neighbouring ends can be 3 tokens apart
                 ax.annotate(str(e), (e, y - 0.4 - 0.15 * (k % 2)), ha="center", fontsize=7, color=color)
@@ -47,31 +51,44 @@ def _plot_plan(ax, result: dict, lo: int, hi: int, annotate: bool) -> None:
 
 
 def _plot_ttft(ax, result: dict) -> None:
+    """Warm TTFT as points on a log axis; the seed's (another device) apart, in a grey band, hollow."""
     other, stat = compared(result), result.get("warm_ttft_statistic", "median")
-    labels = ["seed\nlegacy", "seed\naligned", f"ours\n{BASELINE}", f"ours\n{other}"]
-    values = [SEED_FIGURES["legacy"]["warm_ttft_s"], SEED_FIGURES["aligned"]["warm_ttft_s"],
-              result[BASELINE]["warm_ttft_s"], result[other]["warm_ttft_s"]]
-    bars = ax.bar(labels, values, color=["0.6", "0.8", "tab:red", "tab:green"])
-    ax.bar_label(bars, [f"{v:.3g} s" for v in values], fontsize=8)
+    points = [("legacy", SEED_FIGURES["legacy"]["warm_ttft_s"], True),
+              ("aligned", SEED_FIGURES["aligned"]["warm_ttft_s"], True),
+              (BASELINE, result[BASELINE]["warm_ttft_s"], False), (other, result[other]["warm_ttft_s"], False)]
+    for x, (policy, v, seed) in enumerate(points):
+        ax.plot([x], [v], linestyle="none", marker=fs.marker(policy), color=fs.color(policy), ms=11,
+                mfc="none" if seed else fs.color(policy), mew=2)
+        ax.annotate(f"{v:.3g} s", (x, v), xytext=(10, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_xticks(range(4), [f"seed\n{p}" if seed else f"ours\n{p}" for p, _, seed in points])
+    ax.set_xlim(-0.6, 3.6)
     ax.set_yscale("log")
-    ax.set_ylabel(f"warm TTFT (s, {stat} of {result['config']['repeats']})")
-    ax.set_title(f"warm TTFT ratio {BASELINE}/{other}: seed 62.5, ours {result[ratio_key(other)]:.0f}")
+    lo, hi = min(v for _, v, _ in points), max(v for _, v, _ in points)
+    ax.set_ylim(lo / 3, hi * 6)
+    fs.mark_other_device(ax, "not measured here", what="seed's numbers", span=(-0.5, 1.5))
+    ax.axvline(1.5, color="0.5", lw=0.8)
+    ax.grid(axis="y", alpha=0.3, which="both")
+    ax.set_ylabel(f"warm TTFT (s; ours: {stat} of {result['config']['repeats']})")
+    ax.set_title(f"warm TTFT ratio {BASELINE}/{other}: seed 62.5 (another device), ours "
+                 f"{result[ratio_key(other)]:.0f}", fontsize=10)
 
 
 def _plot_curve(ax, result: dict, total: int) -> None:
     curve = result["replay_curve"]
     xs = [p["replayed_tokens"] for p in curve]
-    ax.plot(xs, [p["forward_s"] for p in curve], "o", color="tab:blue", label="forward of n tokens (measured)")
+    ax.plot(xs, [p["forward_s"] for p in curve], linestyle="none", **fs.style("forward"),
+            label="forward of n tokens (measured here)")
     a, b = result["replay_fit"]["a_s"], result["replay_fit"]["b_s_per_token"]
     grid = [1 + i * (max(xs) - 1) / 400 for i in range(401)]
-    ax.plot(grid, [a + b * x for x in grid], "-", color="tab:blue", lw=1,
+    ax.plot(grid, [a + b * x for x in grid], "-", color=fs.color("forward"), lw=1,
             label=f"fit {a * 1e3:.1f} ms + {b * 1e3:.3f} ms/token")
     sa, sb = result["replay_fit"]["seed_a_s"], result["replay_fit"]["seed_b_s_per_token"]
-    ax.plot(grid, [sa + sb * x for x in grid], ":", color="0.4", lw=1,
-            label=f"seed's line {sa * 1e3:.0f} ms + {sb * 1e3:.2f} ms/token")
-    for policy, color in ((BASELINE, "tab:red"), (compared(result), "tab:green")):
+    ax.plot(grid, [sa + sb * x for x in grid], ":", color=fs.color("seed"), lw=1.2,
+            label=f"seed's line {sa * 1e3:.0f} ms + {sb * 1e3:.2f} ms/token (another device)")
+    for policy in (BASELINE, compared(result)):
         r = result[policy]
-        ax.plot([r["warm_replayed_tokens"]], [r["warm_ttft_s"]], "s", color=color, label=f"{policy} warm TTFT")
+        ax.plot([r["warm_replayed_tokens"]], [r["warm_ttft_s"]], linestyle="none", marker=fs.marker(policy), ms=9,
+                color=fs.color(policy), label=f"{policy} warm TTFT (here)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(f"replayed tokens at the end of a {total}-token context")
@@ -81,11 +98,7 @@ def _plot_curve(ax, result: dict, total: int) -> None:
 
 
 def plot(result: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = fs.pyplot()
     fig, ((ax_plan, ax_tail), (ax_ttft, ax_curve)) = plt.subplots(2, 2, figsize=(13, 8.5))
     cfg = result["config"]
     total, bs = cfg["prompt_len"], cfg["block_size"]
@@ -100,12 +113,11 @@ def plot(result: dict, path: Path) -> Path:
     ax_tail.set_title(f"tail: legacy's deepest snapshot ({deepest}) lies past the match")
     _plot_ttft(ax_ttft, result)
     _plot_curve(ax_curve, result, total)
-    fig.suptitle(f"Warm restore: {result['environment']['device_name']}, model {cfg.get('model', cfg['preset'])}, "
-                 f"backend {cfg['backend']}, {cfg['dtype']}", fontsize=10)
-    fig.tight_layout()
-    out = save_figure(fig, path)
-    plt.close(fig)
-    return out
+    fs.title(fig, f"Warm restore: the seed's incident ({BASELINE} vs {compared(result)})",
+             workload=f"one {total}-token prompt, then the same prompt again (warm)",
+             model=f"{cfg.get('model', cfg['preset'])} ({cfg['dtype']}, backend {cfg['backend']})",
+             device=f"{result['environment']['device_name']}, measured; the seed's numbers: another device")
+    return fs.save(fig, path)
 
 
 # ------------------------------------------------------------------------------------------ report

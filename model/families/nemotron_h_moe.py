@@ -20,7 +20,7 @@ from torch import nn
 
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
-from model.mlp import ReluSquaredMLP, relu_squared
+from model.mlp import ReluSquaredMLP, relu_squared, relu_squared_
 from model.moe import sorted_expert_mlps, use_grouped_mm
 
 
@@ -76,13 +76,45 @@ class ReluSquaredExperts(nn.Module):
         T, k = experts.shape
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (T*k,) pair ids grouped by expert
-        xs = x[order // k]
+        token = order.div(k, rounding_mode="floor")
+        sorted_experts, sorted_weights = flat[order], weights.reshape(-1)[order, None]
         grouped = use_grouped_mm(x, self.up_proj, self.down_proj)  # GPU bf16: offsets on the device, no sync
-        ys = sorted_expert_mlps(xs, flat[order], self.up_proj, self.down_proj, relu_squared, grouped)
-        weighted = ys * weights.reshape(-1)[order, None]  # model dtype * fp32 -> fp32
-        pairs = torch.empty_like(weighted)
-        pairs[order] = weighted  # back to (token, k) order
-        return pairs.view(T, k, -1).sum(dim=1).to(x.dtype)
+        if grouped:
+            ys = sorted_expert_mlps(x.index_select(0, token), sorted_experts, self.up_proj, self.down_proj,
+                                    relu_squared, grouped)
+            weighted = ys * sorted_weights  # model dtype * fp32 -> fp32
+        else:
+            weighted = self._expert_loop(x, token, sorted_experts, sorted_weights)
+        # back to (token, k) order: pair t*k + j sits at row inverse[t, j] of the sorted ones; the k
+        # rows are added in top-k order, the sum of a (T, k, hidden) view's dim 1, bit for bit
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        inverse = inverse.view(T, k)
+        out = weighted.index_select(0, inverse[:, 0])
+        for j in range(1, k):
+            out += weighted.index_select(0, inverse[:, j])
+        return out.to(x.dtype)
+
+    def _expert_loop(self, x: torch.Tensor, token: torch.Tensor, sorted_experts: torch.Tensor,
+                     sorted_weights: torch.Tensor) -> torch.Tensor:
+        """The (T*k, hidden) fp32 weighted expert outputs in expert order, one matmul pair an expert
+        (`sorted_expert_mlps`' loop), each expert gathering its own tokens and weighting its rows
+        while they are in cache: no (T*k, hidden) gathered input, no second weighted copy."""
+        out = torch.empty(token.numel(), x.shape[1], dtype=torch.float32, device=x.device)
+        pieces = [] if torch.is_grad_enabled() else None  # out= records no gradient: concatenate then
+        start = 0
+        # one host read a layer (free on the CPU; on a GPU only where grouped matmuls do not run)
+        for e, n in enumerate(torch.bincount(sorted_experts, minlength=self.up_proj.shape[0]).tolist()):
+            if n:
+                rows = slice(start, start + n)
+                ye = F.linear(relu_squared_(F.linear(x.index_select(0, token[rows]), self.up_proj[e])),
+                              self.down_proj[e])
+                if pieces is None:
+                    torch.mul(ye, sorted_weights[rows], out=out[rows])
+                else:
+                    pieces.append(ye * sorted_weights[rows])
+                start += n
+        return out if pieces is None else torch.cat(pieces) if pieces else out
 
 
 class NemotronHMoE(nn.Module):

@@ -1,11 +1,11 @@
-"""The checkpoint-placement dynamic program against brute force over every subset."""
+"""The snapshot-placement dynamic program against brute force over every subset."""
 
 import itertools
 import random
 
 import pytest
 
-from planner.checkpoint_dp import best_checkpoints, restored_tokens
+from planner.snapshot_dp import best_snapshots, restored_tokens
 
 
 def brute_force(depths, weights, m):
@@ -23,34 +23,34 @@ def test_matches_brute_force_on_random_instances(seed):
     depths = rng.sample(range(16, 16 * 200, 16), k)
     weights = [rng.choice([1, 1, 1, 2, 5, 40]) for _ in depths]
     for m in range(0, k + 2):
-        value, positions = best_checkpoints(depths, weights, m)
+        value, positions = best_snapshots(depths, weights, m)
         assert value == pytest.approx(brute_force(depths, weights, m))
         assert len(positions) <= m and positions == sorted(positions) and set(positions) <= set(depths)
         assert restored_tokens(depths, weights, positions) == pytest.approx(value)  # the placement achieves it
 
 
 def test_hand_worked_instance():
-    # depths 512 (800 requests), 4096 (1), 4608 (1), 20000 (2): one checkpoint is best at 512
+    # depths 512 (800 requests), 4096 (1), 4608 (1), 20000 (2): one snapshot is best at 512
     # (800*512 + 4*512 = 411,648 > 4*4096 or 2*20000 + ...), two add 20000 (+ 2*(20000-512))
     depths, weights = [4096, 512, 20000, 4608], [1, 800, 2, 1]
-    assert best_checkpoints(depths, weights, 1) == (pytest.approx(411_648), [512])
-    assert best_checkpoints(depths, weights, 2) == (pytest.approx(411_648 + 2 * 19_488), [512, 20000])
-    value, positions = best_checkpoints(depths, weights, 10)  # as many as depths: every match restored
+    assert best_snapshots(depths, weights, 1) == (pytest.approx(411_648), [512])
+    assert best_snapshots(depths, weights, 2) == (pytest.approx(411_648 + 2 * 19_488), [512, 20000])
+    value, positions = best_snapshots(depths, weights, 10)  # as many as depths: every match restored
     assert positions == [512, 4096, 4608, 20000] and value == pytest.approx(800 * 512 + 4096 + 4608 + 40000)
 
 
 def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match=r"^m: must be >= 0, got -1"):
-        best_checkpoints([16], [1], -1)
+        best_snapshots([16], [1], -1)
     with pytest.raises(ValueError, match=r"^weights: need one per depth"):
-        best_checkpoints([16, 32], [1], 1)
+        best_snapshots([16, 32], [1], 1)
     with pytest.raises(ValueError, match=r"^depths: must be distinct"):
-        best_checkpoints([16, 16], [1, 1], 1)
+        best_snapshots([16, 16], [1, 1], 1)
     with pytest.raises(ValueError, match=r"^weights: must be > 0"):
-        best_checkpoints([16], [0], 1)
+        best_snapshots([16], [0], 1)
 
 
-def test_checkpoint_curve_on_a_synthetic_trace():
+def test_snapshot_curve_on_a_synthetic_trace():
     from experiments.traces.checkpoint_budget import curve, grid, uniform
     from experiments.workloads import open_workload
 
@@ -59,8 +59,8 @@ def test_checkpoint_curve_on_a_synthetic_trace():
     rows = curve(requests, 16, ms=(1, 2), grids=(64,))
     by = {(r["placement"], r["m"]): r for r in rows}
     top = next(r for r in rows if r["placement"] == "dp-all")
-    assert top["restored_share"] == 1.0 and top["matched_tokens"] > 0  # a checkpoint at every depth
-    for r in rows:  # nothing beats the optimum with as many checkpoints per owner
+    assert top["restored_share"] == 1.0 and top["matched_tokens"] > 0  # a snapshot at every depth
+    for r in rows:  # nothing beats the optimum with as many snapshots per owner
         assert r["restored_tokens"] <= top["restored_tokens"]
     assert by[("dp", 1)]["restored_tokens"] >= by[("uniform", 1)]["restored_tokens"]
     if ("dp", 2) in by:
@@ -69,7 +69,7 @@ def test_checkpoint_curve_on_a_synthetic_trace():
 
 def test_depths_must_be_positive_and_one_is_the_smallest():
     # A depth is a matched prefix length: 0 matches nothing (the check's message names `depths`).
-    # At depths 1 and 16 (one request each) one checkpoint restores the most at 16 (16 > 1 + 1).
-    assert best_checkpoints([1, 16], [1, 1], 1) == (pytest.approx(16.0), [16])
+    # At depths 1 and 16 (one request each) one snapshot restores the most at 16 (16 > 1 + 1).
+    assert best_snapshots([1, 16], [1, 1], 1) == (pytest.approx(16.0), [16])
     with pytest.raises(ValueError, match="depths"):
-        best_checkpoints([0, 16], [1, 1], 1)
+        best_snapshots([0, 16], [1, 1], 1)

@@ -27,9 +27,10 @@ from typing import Sequence
 
 import torch
 
-from experiments.results_io import log
+from experiments.common.results_io import log
 from kernels.checks import require
-from model.config import PRESETS, HybridConfig
+from model.config import HybridConfig
+from model.families import PRESETS
 from model.engine import Engine
 from model.hybrid import HybridLM
 from model.loading import from_preset, load_pretrained
@@ -124,7 +125,7 @@ def serve(engine: Engine, prompt: Sequence[int], request_id: str, max_new_tokens
     """One request alone to completion (with max_new_tokens 1, TTFT is the whole of it); with
     `progress`, a log line per tick under that label."""
     req = engine.add_request(prompt, max_new_tokens, request_id)
-    while engine.scheduler.has_work:
+    while engine.has_work:
         engine.step()
         if progress:
             m = req.metrics

@@ -6,6 +6,10 @@
     python -m experiments.ablations interval     # snapshot interval 0 / 64 / 512 blocks: bytes held vs reuse
     python -m experiments.ablations capture      # last-chunk capture in_pass / two_pass / none
     python -m experiments.ablations all          # every sweep above with its defaults
+    python -m experiments.ablations budget --prefill-budget 1024,4096 --prompt-len 8196   # the swept knob: a list
+
+The swept knob's flag takes a comma list (`--prompt-len` in prompt-len and capture, `--block-size`,
+`--prefill-budget`, `--interval`, `--capture-mode`); the other knobs take one value.
 
 Every point builds a fresh engine (`max_batch_size` 1, the seed's dense serve) over the real
 model, runs a cold request, then a byte-identical warm request `--repeats` times (median TTFT),
@@ -16,7 +20,7 @@ is listed under `failed_points` in the sweep's JSON and the command exits 1.
 
 `--policy` (default aligned) is the chunk policy under study: the prompt-len, block-size and
 budget sweeps compare it with legacy; the interval and capture sweeps run it alone. `--model`
-is a preset name (`--preset` is an alias) or a checkpoint folder.
+is a preset name or a checkpoint folder.
 
 Point-specific measurements:
 * prompt-len: prompts shorter than the budget are one last chunk; its tail snapshot exists only
@@ -35,9 +39,13 @@ shape at half length); `--prompt-len 32772` runs them at the incident's full len
 Output per sweep: `<out>/<sweep>.csv` (one row per measured request kind, with the settings its
 engine ran under, `effective_settings`), `<out>/<sweep>.json` (config, environment per shard,
 failures, `effective_settings` per policy), `<out>/<sweep>.png` plotted from the CSV
-(`experiments.ablation_plots`). With `--shard i/n` a run measures every n-th point and writes
-`<out>/parts/<sweep>.part<i>of<n>.json`; `--merge` combines the parts and plots (a 1/1 run
-merges by itself).
+(`experiments.ablations.plots`). `<out>` is a new run folder, runs/ablations/<sweep>/<UTC timestamp>/,
+unless `--out FOLDER` names one; `--publish` writes the committed record, results/ablations/<sweep>/.
+`all` writes each sweep into `<out>/<sweep>/` (default runs/ablations/<timestamp>/<sweep>/;
+`--publish`: results/ablations/<sweep>/). With `--shard i/n` a run measures every n-th point and
+writes `<out>/parts/<sweep>.part<i>of<n>.json`; `--merge` combines the parts and plots (a 1/1 run
+merges by itself); `--replot` redraws the figures from the CSV and JSON. After a merge the
+last point's replayed tokens and warm TTFT are printed beside the committed record's.
 """
 
 from __future__ import annotations
@@ -50,13 +58,17 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from experiments import ablation_plots, sweep_parts
-from experiments.flags import (add_model_flags, add_policy_flag, int_in_range, int_list, name_list,
-                               require_block_of_budget, shard_spec)
-from experiments.results_io import RESULTS, log
-from experiments.runs import (FP32_LOGIT_TOL, ModelLoadError, build_model, cold_record, dense_serve, max_abs_diff,
+from experiments.ablations import plots as ablation_plots
+from experiments.common import sweep_parts
+from experiments.common.flags import (HelpFormatter, add_model_flags, add_policy_flag, add_replot_flag, int_in_range,
+                               int_list, name_list, new_parser, require_block_of_budget, shard_spec)
+from experiments.common.inputs import InputError, fail_on_input_error, read_csv, read_json
+from experiments.common.outputs import abandon, add_out_flags, beside_record, record_folder, resolve_out, report_written, writes_record
+from experiments.common.progress import Progress
+from experiments.common.results_io import log
+from experiments.common.runs import (FP32_LOGIT_TOL, ModelLoadError, build_model, cold_record, dense_serve, max_abs_diff,
                               random_prompt, serve, set_threads, warm_record, warm_up)
-from experiments.sweep_parts import PointFailed
+from experiments.common.sweep_parts import PointFailed
 from model.engine import CAPTURE_MODES, Engine
 from model.hybrid import HybridLM
 
@@ -254,14 +266,17 @@ def measure_shard(sweep: Sweep, args, model: HybridLM, points: list[dict], confi
     """This shard's points through `sweep_parts.run_shard`; returns the failures."""
     reference = ReferenceLogits(model)
     n_mine = len(range(spec[0], len(points), spec[1]))
-    counter = iter(range(1, n_mine + 1))
+    progress = Progress(n_mine, "points", every_s=0.0)
 
     def one(idx: int, p: dict) -> list[dict]:
-        log(f"{sweep.name} point {idx} ({next(counter)}/{n_mine} of shard {spec[0]}/{spec[1]}): {p['label']}, "
+        log(f"{sweep.name} point {idx} ({progress.done + 1}/{n_mine} of shard {spec[0]}/{spec[1]}): {p['label']}, "
             f"prompt {p['prompt_len']}, block {p['block_size']}, budget {p['budget']}, interval "
             f"{p['interval_blocks']}, capture {p['capture_mode']}")
         t0 = time.perf_counter()
-        rows = measure(model, p, args, reference)
+        try:
+            rows = measure(model, p, args, reference)
+        finally:
+            progress.advance(note=f"{sweep.name}")
         for r in rows:
             r["point"], r["point_wall_s"] = idx, time.perf_counter() - t0
         return rows
@@ -271,40 +286,106 @@ def measure_shard(sweep: Sweep, args, model: HybridLM, points: list[dict], confi
     return part["failed"]
 
 
-def run_sweep(cmd: str, args, model: HybridLM | None) -> int:
+# what the figures read from a sweep's CSV (beside each sweep's swept column) and JSON
+PLOT_COLUMNS = ("label", "request", "policy", "capture_mode", "prompt_len", "block_size", "budget", "interval_blocks",
+                "warm_replayed_tokens", "warm_restore_at", "warm_ttft_s", "cold_ttft_s")
+PLOT_COLUMNS_BY_SWEEP = {"interval": ("n_snapshots", "snapshot_bytes_held", "shared_prefix"),
+                         "capture": ("cold_prefill_passes",)}
+
+
+def check_sweep_files(sweep: Sweep, out: Path) -> None:
+    """The merged CSV and JSON a figure is drawn from; an InputError naming the file that is wrong."""
+    read_csv(out / f"{sweep.name}.csv", PLOT_COLUMNS + PLOT_COLUMNS_BY_SWEEP.get(sweep.name, ()),
+             what=f"the {sweep.name} sweep's merged CSV")
+    meta = read_json(out / f"{sweep.name}.json", ("config", "environments"), what=f"the {sweep.name} sweep's JSON")
+    cfg, envs = meta["config"], meta["environments"]
+    missing = [k for k in sweep.config_keys + ("preset", "dtype", "repeats") if not isinstance(cfg, dict) or k not in cfg]
+    if not missing and not (isinstance(envs, list) and envs and isinstance(envs[0], dict) and "device_name" in envs[0]):
+        missing = ["environments[0].device_name"]
+    if missing:
+        raise InputError(f"{out / (sweep.name + '.json')}: not the {sweep.name} sweep's JSON "
+                         f"(no {', '.join(repr(k) for k in missing)})")
+
+
+def replot(sweep: Sweep, out: Path) -> list[Path]:
+    check_sweep_files(sweep, out)
+    try:
+        return [ablation_plots.plot(sweep.name, out)]
+    except (KeyError, ValueError, TypeError, IndexError) as e:  # well-formed files whose values do not plot
+        raise InputError(f"{out / (sweep.name + '.csv')}: cannot be plotted ({type(e).__name__}: {e})") from None
+
+
+BESIDE_KEY = ("label", "request", "prompt_len", "block_size", "budget", "interval_blocks", "capture_mode")
+
+
+def show_beside_record(sweep: Sweep, out: Path) -> None:
+    """The last point's warm replayed tokens and TTFT beside the committed results/ablations/<sweep>/."""
+    path = record_folder(f"ablations/{sweep.name}") / f"{sweep.name}.csv"
+    if writes_record(out) or not path.is_file() or not (out / f"{sweep.name}.csv").is_file():
+        return
+    try:
+        committed = {tuple(r.get(k) for k in BESIDE_KEY): r
+                     for r in read_csv(path, BESIDE_KEY + ("warm_replayed_tokens", "warm_ttft_s"))}
+    except InputError as e:
+        log(f"no comparison with the committed record: {e}")
+        return
+    rows = [r for r in sweep_parts.load_rows(out / f"{sweep.name}.csv") if r.get("request") == "identical"]
+    last = [r for r in rows if r["point"] == max(r["point"] for r in rows)] if rows else []
+    lines = []
+    for r in last[:2]:
+        theirs = committed.get(tuple("" if r.get(k) is None else str(r.get(k)) for k in BESIDE_KEY), {})
+        at = f"{r['label']} (prompt {r['prompt_len']}, block {r['block_size']}, budget {r['budget']})"
+        lines += [(f"{at} replayed", r["warm_replayed_tokens"], theirs.get("warm_replayed_tokens")),
+                  (f"{at} warm TTFT (s)", r["warm_ttft_s"],
+                   float(theirs["warm_ttft_s"]) if theirs.get("warm_ttft_s") else None)]
+    beside_record(lines, f"ablations/{sweep.name}")
+
+
+def run_sweep(cmd: str, args, model: HybridLM | None, out: Path) -> tuple[int, list[Path]]:
+    """One sweep into `out`: measure (unless --merge/--replot), merge, plot. Returns the status and the
+    files written."""
     sweep = SWEEPS[cmd]
-    out = args.out or RESULTS / "ablations" / sweep.name
+    if args.replot:
+        return 0, replot(sweep, out)
     config = {k: getattr(args, k) for k in sweep.config_keys} | {
         "preset": args.model, "dtype": args.dtype, "device": args.device, "backend": args.backend,
         "repeats": args.repeats, "seed": args.seed, "policy": args.policy}
     points = sweep.points(args)
+    written = []
     if not args.merge:
         failed = measure_shard(sweep, args, model, points, config, args.shard, out)
+        written.append(sweep_parts.part_path(out, sweep.name, args.shard))
         if args.shard[1] > 1:
             log(f"merge when every shard is done: python -m experiments.ablations {cmd} --merge --out {out}")
-            return 1 if failed else 0
+            return (1 if failed else 0), written
     meta = sweep_parts.merge(out, sweep.name)
+    written += [out / f"{sweep.name}.csv", out / f"{sweep.name}.json"]
     if meta["rows"]:
-        png = ablation_plots.plot(sweep.name, out)
-        log(f"{sweep.name}: wrote {out / (sweep.name + '.csv')}, {png}")
+        written.append(ablation_plots.plot(sweep.name, out))
+        show_beside_record(sweep, out)
     else:  # nothing passed: no figure, and no stale one from an earlier run either
         (out / f"{sweep.name}.png").unlink(missing_ok=True)
         log(f"{sweep.name}: no point passed its correctness check; no figure")
-    return 1 if meta["failed_points"] else 0
+    return (1 if meta["failed_points"] else 0), written
 
 
 # ------------------------------------------------------------------------------------------ command line
-def add_common(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--out", type=Path, default=None, help="output folder (default results/ablations/<sweep>/)")
+def add_common(ap: argparse.ArgumentParser, record: str) -> None:
+    add_out_flags(ap, record)
     add_model_flags(ap, dtypes=("float32",), dtype_help="model dtype (fp32 only: the warm == cold check is stated "
                                                         "for fp32)")
     add_policy_flag(ap, "under study; the prompt-len, block-size and budget sweeps compare it with legacy")
     ap.add_argument("--repeats", type=int_in_range(1), default=3, help="warm requests per point (median TTFT)")
     ap.add_argument("--shard", type=shard_spec, default=(0, 1),
-                    help="run the points whose index %% n == i (i/n); parts merge with --merge")
-    ap.add_argument("--merge", action="store_true", help="do not measure: merge the part files in --out and plot")
+                    help="run the points whose index %% n == i (i/n); parts merge with --merge (default: 0/1)")
+    reading = ap.add_mutually_exclusive_group()
+    reading.add_argument("--merge", action="store_true", help="do not measure: merge the part files in --out and plot")
+    add_replot_flag(reading)
 
 
+# per sweep key: its flag (the swept knob's flag takes a comma list), its help, its check
+FLAG_NAME = {"lengths": "--prompt-len", "block_sizes": "--block-size", "budgets": "--prefill-budget",
+             "intervals": "--interval", "modes": "--capture-mode"}
 FLAG_HELP = {
     "lengths": "comma-separated prompt lengths",
     "block_sizes": "comma-separated KV block sizes",
@@ -321,55 +402,73 @@ FLAG_HELP = {
 FLAG_TYPE = {"modes": name_list(CAPTURE_MODES), "intervals": int_list(0), "interval": int_in_range(0)}
 
 
+def flag_of(key: str) -> str:
+    return FLAG_NAME.get(key, "--" + {"budget": "prefill_budget"}.get(key, key).replace("_", "-"))
+
+
 def add_sweep_flags(ap: argparse.ArgumentParser, cmd: str) -> None:
     for key, value in DEFAULTS[cmd].items():
-        flag = "--" + key.replace("_", "-")
-        shown = ",".join(map(str, value)) if isinstance(value, list) else value
         conv = FLAG_TYPE.get(key, int_list(1) if isinstance(value, list) else int_in_range(1))
-        ap.add_argument(flag, type=conv, default=value, help=f"{FLAG_HELP[key]} (default {shown})")
+        if isinstance(value, list):  # shown as typed: a comma list
+            ap.add_argument(flag_of(key), dest=key, type=conv, default=value, metavar="A,B,...",
+                            help=f"{FLAG_HELP[key]} (default: {','.join(map(str, value))})")
+        else:
+            ap.add_argument(flag_of(key), dest=key, type=conv, default=value, help=FLAG_HELP[key])
 
 
 def check_points(ap: argparse.ArgumentParser, cmd: str, args) -> None:
     """Flags that are fine alone but not together end in a usage error before anything runs."""
     for p in SWEEPS[cmd].points(args):
-        require_block_of_budget(ap, p["budget"], p["block_size"], slots=1,
-                                budget_flag="--budgets" if cmd == "budget" else "--budget",
-                                block_flag="--block-sizes" if cmd == "block-size" else "--block-size")
+        require_block_of_budget(ap, p["budget"], p["block_size"], slots=1, budget_flag="--prefill-budget")
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Chunk-plan ablations on the hybrid model (see the module docstring).")
+    ap = new_parser("Chunk-plan ablations on the hybrid model (see the module docstring).",
+                    prog="python -m experiments.ablations")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for cmd in SWEEPS:
-        p = sub.add_parser(cmd, help=f"the {cmd} sweep")
-        add_common(p)
+    for cmd, sweep in SWEEPS.items():
+        p = sub.add_parser(cmd, help=f"the {cmd} sweep", formatter_class=HelpFormatter)
+        add_common(p, f"ablations/{sweep.name}")
         add_sweep_flags(p, cmd)
-    add_common(sub.add_parser("all", help="every sweep with its default sizes"))
+    add_common(sub.add_parser("all", help="every sweep with its default sizes (each into <out>/<sweep>/)",
+                              formatter_class=HelpFormatter), "ablations")
     return ap
 
 
+@fail_on_input_error(parser)
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     cmds = list(SWEEPS) if args.cmd == "all" else [args.cmd]
-    if args.cmd == "all" and args.out is not None:
-        ap.error("--out: not with 'all' (each sweep writes results/ablations/<sweep>/)")
+    sweep_args = {cmd: argparse.Namespace(**(DEFAULTS[cmd] | vars(args))) if args.cmd == "all" else args
+                  for cmd in cmds}
     for cmd in cmds:
-        check_points(ap, cmd, argparse.Namespace(**(DEFAULTS[cmd] | vars(args))) if args.cmd == "all" else args)
+        check_points(ap, cmd, sweep_args[cmd])
+    root = resolve_out(ap, args, reading="--merge" if args.merge else "--replot" if args.replot else None)
+    outs = {cmd: root / SWEEPS[cmd].name if args.cmd == "all" else root for cmd in cmds}
+    if args.merge or args.replot:
+        for cmd in cmds:
+            if not outs[cmd].is_dir():
+                ap.error(f"argument {'--merge' if args.merge else '--replot'}: {outs[cmd]} is not a folder")
+    else:
+        log(f"writing to {root}")
     model = None
     set_threads(args.threads)
-    if not args.merge:
+    if not (args.merge or args.replot):
         try:
             model = build_model(args.model, args.device, args.seed, args.dtype, args.backend)
         except ModelLoadError as e:
-            ap.error(f"argument --model/--preset: {e}")
+            abandon(root)
+            ap.error(f"argument --model: {e}")
         warm_up(model)
-    status = 0
+    status, written = 0, []
     for cmd in cmds:
-        sweep_args = argparse.Namespace(**(DEFAULTS[cmd] | vars(args))) if args.cmd == "all" else args
         t0 = time.perf_counter()
-        status |= run_sweep(cmd, sweep_args, model)
+        code, files = run_sweep(cmd, sweep_args[cmd], model, outs[cmd])
+        status |= code
+        written += files
         log(f"{cmd}: {time.perf_counter() - t0:.0f} s")
+    report_written(written)
     return status
 
 

@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 from typing import Callable, Iterable
 
-from experiments.results_io import parse_shard
-from model.config import PRESETS, HybridConfig
+from experiments.common.results_io import parse_shard
+from model.config import HybridConfig
+from model.families import PRESETS
 from model.loading import INDEX_FILE, SINGLE_FILE
 from planner.policies.registry import POLICIES
 
@@ -133,7 +134,7 @@ def model_name(text: str) -> str:
     """A preset name (model.config.PRESETS) or a checkpoint folder whose config and weight files open.
 
     Only the config and the safetensors headers are read here (milliseconds); the weights load
-    later, in `experiments.runs.build_model`."""
+    later, in `experiments.common.runs.build_model`."""
     if text in PRESETS:
         return text
     folder = Path(text)
@@ -176,8 +177,8 @@ THREADS_HELP = "torch CPU threads (default 1: robust to other jobs on the cores;
 
 def add_model_flags(ap: argparse.ArgumentParser, dtypes=("float32", "bfloat16"), backend: bool = True,
                     dtype_help: str = "model dtype") -> None:
-    """--model (alias --preset), --device, --seed, --threads, and --backend/--dtype when they apply."""
-    ap.add_argument("--model", "--preset", dest="model", type=model_name, default="small",
+    """--model, --device, --seed, --threads, and --backend/--dtype when they apply."""
+    ap.add_argument("--model", type=model_name, default="small",
                     help=f"a model preset ({', '.join(PRESETS)}) or a checkpoint folder (config.json + safetensors)")
     if backend:
         ap.add_argument("--backend", default="torch", choices=("torch", "triton"), help="kernel backend")
@@ -190,4 +191,58 @@ def add_model_flags(ap: argparse.ArgumentParser, dtypes=("float32", "bfloat16"),
 
 def add_policy_flag(ap: argparse.ArgumentParser, what: str) -> None:
     ap.add_argument("--policy", default="aligned", choices=CHUNK_POLICIES,
-                    help=f"placement policy (planner.policies.registry) {what} (default aligned)")
+                    help=f"placement policy (planner.policies.registry) {what}")
+
+
+# ------------------------------------------------------------------------------ the flag vocabulary
+# One name per idea for every entry point (the README's flag table): --model, --policy (one or a
+# comma list), --eviction, --budget-gb (snapshot memory), --prefill-budget (tokens per tick),
+# --block-size, --dtype float32|bfloat16, --device, --threads, --seed, --out / --publish, --limit,
+# --replot, and comma lists everywhere (never space-separated lists).
+DTYPES = ("float32", "bfloat16")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's formatter that appends "(default: ...)" to every flag's help (not to switches,
+    nor to a default of None, whose help says what absent means)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def new_parser(description: str, **kwargs) -> argparse.ArgumentParser:
+    """An ArgumentParser whose --help shows every default (no absolute machine paths in them)."""
+    return argparse.ArgumentParser(description=description, formatter_class=HelpFormatter, **kwargs)
+
+
+def add_policy_list_flag(ap: argparse.ArgumentParser, default: Iterable[str], allowed: Iterable[str] = CHUNK_POLICIES,
+                         what: str = "placement policies") -> None:
+    """`--policy` as one name or a comma list of distinct names from `allowed`."""
+    default = ",".join(default)  # a string default goes through `type` too: --help shows it as typed
+    ap.add_argument("--policy", type=name_list(allowed), default=default,
+                    help=f"{what}: one or a comma list of {', '.join(allowed)}")
+
+
+def add_dtype_flag(ap: argparse.ArgumentParser, default: str = "float32", allowed: Iterable[str] = DTYPES,
+                   what: str = "model dtype") -> None:
+    ap.add_argument("--dtype", default=default, choices=tuple(allowed), help=what)
+
+
+def add_prefill_budget_flag(ap: argparse.ArgumentParser, default: int) -> None:
+    """`--prefill-budget`: prompt tokens the scheduler hands out per tick."""
+    ap.add_argument("--prefill-budget", type=int_in_range(1), default=default,
+                    help="prefill token budget per scheduler tick")
+
+
+def add_limit_flag(ap: argparse.ArgumentParser, default: int | None, what: str = "requests") -> None:
+    """`--limit N`: only the first N items (>= 1; absent = all)."""
+    ap.add_argument("--limit", type=int_in_range(1), default=default, help=f"only the first N {what} (absent: all)")
+
+
+def add_replot_flag(ap: argparse.ArgumentParser) -> None:
+    """`--replot`: redraw figures and report from the data already in --out (or --publish's folder)."""
+    ap.add_argument("--replot", action="store_true",
+                    help="do not run: redraw the figures and report from the data in --out "
+                         "(or results/ with --publish; default the newest run folder)")

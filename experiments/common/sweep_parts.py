@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from experiments.results_io import environment, log, read_csv, shard, write_csv, write_json
+from experiments.common.inputs import InputError, read_json
+from experiments.common.results_io import environment, log, read_csv, shard, write_csv, write_json
 
 
 def fingerprint(points: Sequence[dict], config: dict) -> str:
@@ -43,8 +44,11 @@ def clear_stale_parts(out: Path, name: str, shard: tuple[int, int], fp: str) -> 
     replaces them); parts of the same split and definition (other shards of this run) stay."""
     removed = []
     for path in sorted((Path(out) / "parts").glob(f"{name}.part*of*.json")):
-        part = json.loads(path.read_text())
-        if part.get("fingerprint") != fp or part.get("shard", [None, None])[1] != shard[1]:
+        try:
+            part = json.loads(path.read_text())
+        except ValueError:  # empty or truncated (a shard killed mid-write before writes were atomic): stale
+            part = {}
+        if not isinstance(part, dict) or part.get("fingerprint") != fp or part.get("shard", [None, None])[1] != shard[1]:
             path.unlink()
             removed.append(path)
     return removed
@@ -57,8 +61,8 @@ def write_part(out: Path, name: str, shard: tuple[int, int], fp: str, points: Se
         "environment": environment, "done": done, "failed": failed, "rows": rows})
 
 
-class IncompleteSweep(RuntimeError):
-    pass
+class IncompleteSweep(InputError):
+    """The parts in a folder do not make one whole sweep (an `InputError`: a `--merge` names it in one usage line)."""
 
 
 class PointFailed(AssertionError):
@@ -111,7 +115,7 @@ def collect(out: Path, name: str) -> tuple[list[dict], list[dict], list[dict]]:
     paths = sorted((Path(out) / "parts").glob(f"{name}.part*of*.json"))
     if not paths:
         raise IncompleteSweep(f"{out}/parts: no part files for sweep {name!r}")
-    parts = sorted((json.loads(p.read_text()) for p in paths), key=lambda p: p["shard"][0])
+    parts = sorted((read_part(p) for p in paths), key=lambda p: p["shard"][0])
     fps = {p["fingerprint"] for p in parts}
     splits = {p["shard"][1] for p in parts}
     if len(fps) != 1 or len(splits) != 1:
@@ -129,6 +133,19 @@ def collect(out: Path, name: str) -> tuple[list[dict], list[dict], list[dict]]:
                               f"{missing_points}, duplicated points {sorted({i for i in done if done.count(i) > 1})}")
     rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: (r["point"], r.get("row", 0)))
     return parts, rows, failed
+
+
+PART_KEYS = ("name", "shard", "fingerprint", "points", "config", "environment", "done", "failed", "rows")
+
+
+def read_part(path: Path) -> dict:
+    """One part file, checked: an `InputError` naming it when it is empty, truncated or not a part."""
+    part = read_json(path, PART_KEYS, what="a sweep part file")
+    shard = part["shard"]
+    if not (isinstance(shard, list) and len(shard) == 2 and all(isinstance(x, int) for x in shard)
+            and 0 <= shard[0] < shard[1]) or not all(isinstance(part[k], list) for k in ("points", "done", "failed", "rows")):
+        raise InputError(f"{path}: not a sweep part file (bad 'shard', 'points', 'done', 'failed' or 'rows')")
+    return part
 
 
 def merge(out: Path, name: str) -> dict:

@@ -1,7 +1,10 @@
 """One table row per model family from the main experiment's JSON files.
 
     python -m experiments.warm_restore --model granite-small-cpu --out results/warm_restore/granite-small-cpu
-    python -m experiments.warm_restore_families          # reads results/warm_restore/**/warm_restore.json
+    python -m experiments.warm_restore.families --publish   # reads results/warm_restore/**/warm_restore.json
+    python -m experiments.warm_restore.families --out DIR   # reads DIR/**/warm_restore.json
+
+Without `--out` or `--publish` it reads the newest run folder, runs/warm_restore/<timestamp>/.
 
 Each row: the model, its family (`model_type`), the legacy and compared policy's warm restore
 point and replayed tokens, the warm TTFTs and their ratio, and the warm-vs-cold logit difference.
@@ -11,17 +14,20 @@ Writes `families.csv` (the data) and `families.md` (the same table) beside the J
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from experiments.results_io import RESULTS, write_csv, write_text
-from experiments.warm_restore_report import BASELINE, compared, ratio_key
-from model.config import PRESETS
+from experiments.common.flags import new_parser
+from experiments.common.inputs import fail_on_input_error
+from experiments.common.outputs import add_out_flags, report_written, resolve_out
+from experiments.common.results_io import write_csv, write_text
+from experiments.warm_restore.study import RECORD, read_result
+from experiments.warm_restore.report import BASELINE, compared, ratio_key
+from model.families import PRESETS
 
 def row(path: Path, root: Path) -> dict:
     """The table row of one warm_restore.json."""
-    result = json.loads(path.read_text())
+    result = read_result(path)
     other = compared(result)
     name = result["config"].get("model", result["config"].get("preset"))
     model = result.get("model", {})
@@ -48,20 +54,27 @@ def markdown(rows: list[dict]) -> str:
                      f"| {r['legacy_warm_ttft_s']:.3g} s | {r['warm_ttft_s'] * 1e3:.1f} ms | {r['ratio']:.0f} "
                      f"| {r['max_abs_logit_diff']:.1e} |")
     return "# Warm restore per model family\n\nOne row per `results/warm_restore/**/warm_restore.json` " \
-           "(`python -m experiments.warm_restore_families`).\n\n" + "\n".join(lines) + "\n"
+           "(`python -m experiments.warm_restore.families`).\n\n" + "\n".join(lines) + "\n"
 
 
+def parser() -> argparse.ArgumentParser:
+    ap = new_parser(__doc__.splitlines()[0], prog="python -m experiments.warm_restore.families")
+    add_out_flags(ap, RECORD)
+    return ap
+
+
+@fail_on_input_error(parser)
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, default=RESULTS / "warm_restore", help="folder searched for warm_restore.json")
+    ap = parser()
     args = ap.parse_args(argv)
-    paths = sorted(args.root.rglob("warm_restore.json"))
+    root = resolve_out(ap, args, reading="--out")
+    paths = sorted(root.rglob("warm_restore.json"))
     if not paths:
-        ap.error(f"--root: no warm_restore.json under {args.root}")
-    rows = [row(p, args.root) for p in paths]
-    write_csv(args.root / "families.csv", rows)
-    write_text(args.root / "families.md", markdown(rows))
+        ap.error(f"argument --out: no warm_restore.json under {root}")
+    rows = [row(p, root) for p in paths]
+    written = [write_csv(root / "families.csv", rows), write_text(root / "families.md", markdown(rows))]
     print(markdown(rows))
+    report_written(written)
     return 0
 
 

