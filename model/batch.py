@@ -43,6 +43,8 @@ class SequenceChunk:
 
 @dataclass
 class BatchOutput:
+    """What a forward returns, row by row: the logits, and the states captured at each row's capture offsets."""
+
     logits: list[torch.Tensor]  # per row: (vocab,) for its last token, or (n, vocab) when all_logits
     captured: list[list[SSMState]] = field(default_factory=list)  # per row, in capture_offsets order
 
@@ -131,6 +133,47 @@ class PackedBatch:
     buffer: torch.Tensor | None = None  # the one uploaded int32 buffer
 
 
+def _host_positions_and_slots(ordered: list[SequenceChunk], block_size: int, max_blocks: int):
+    """Per row, its positions and KV slots (-1 where its KV is already cached) as host int32 tensors,
+    and the block tables flattened to `max_blocks` columns (unused columns 0: never read)."""
+    positions, slot_mapping, tables = [], [], []
+    for r in ordered:
+        pos = torch.arange(r.start_pos, r.end_pos, dtype=torch.int32)
+        table = list(r.block_table)[:max_blocks]
+        host_table = torch.as_tensor(table, dtype=torch.int32)  # host, no upload
+        slots = host_table[pos // block_size] * block_size + pos % block_size
+        slot_mapping.append(torch.where(pos < r.kv_cached_len, -1, slots))
+        positions.append(pos)
+        tables.extend(table + [0] * (max_blocks - len(table)))
+    return positions, slot_mapping, tables
+
+
+def _logit_rows(ordered: list[SequenceChunk], cu: list[int]) -> tuple[list[int], list[int]]:
+    """The packed token indices whose logits are kept (each row's last, or all with all_logits), and
+    how many per row."""
+    logit_index, counts = [], []
+    for r, start in zip(ordered, cu):
+        count = r.num_tokens if r.all_logits else 1
+        logit_index.extend(range(start + r.num_tokens - count, start + r.num_tokens))
+        counts.append(count)
+    return logit_index, counts
+
+
+def _kernel_plans(planners: StepPlanners, lens: list[int], num_prefill: int, captures, ordered, max_blocks: int,
+                  t: "IntTables"):
+    """The backend's per-step plans (SSD scan, conv, attention) over host integers; None where it has none."""
+    ssd_plan = conv_plan = attn_plan = None
+    if num_prefill:
+        offsets = captures if any(captures) else None
+        if planners.ssd_scan is not None:
+            ssd_plan = planners.ssd_scan(lens[:num_prefill], offsets, t)
+        if planners.causal_conv1d is not None:
+            conv_plan = planners.causal_conv1d(lens[:num_prefill], offsets, t)
+    if planners.paged_attention is not None:
+        attn_plan = planners.paged_attention(lens, [r.end_pos for r in ordered], max_blocks)
+    return ssd_plan, conv_plan, attn_plan
+
+
 def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device,
               planners: StepPlanners | None = None) -> PackedBatch:
     planners = planners or StepPlanners()
@@ -141,74 +184,30 @@ def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device,
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
-    T = cu[-1]
     max_blocks = max(-(-r.end_pos // block_size) for r in ordered)
     require(len(ordered) * max_blocks < 2**31 and max(max(r.block_table[:max_blocks], default=0) for r in ordered)
             * block_size + block_size <= 2**31, "block_table", "slots must fit int32")
-
     # Host work only: positions and slots with host tensor ops, the rest from Python ints.
-    positions, slot_mapping, tables = [], [], []
-    for r in ordered:
-        pos = torch.arange(r.start_pos, r.end_pos, dtype=torch.int32)
-        table = list(r.block_table)[:max_blocks]
-        host_table = torch.as_tensor(table, dtype=torch.int32)  # host, no upload
-        slots = host_table[pos // block_size] * block_size + pos % block_size
-        slot_mapping.append(torch.where(pos < r.kv_cached_len, -1, slots))
-        positions.append(pos)
-        tables.extend(table + [0] * (max_blocks - len(table)))  # unused columns: never read
-
-    logit_index, counts = [], []
-    for r, start in zip(ordered, cu):
-        count = r.num_tokens if r.all_logits else 1
-        logit_index.extend(range(start + r.num_tokens - count, start + r.num_tokens))
-        counts.append(count)
-
+    positions, slot_mapping, tables = _host_positions_and_slots(ordered, block_size, max_blocks)
+    logit_index, counts = _logit_rows(ordered, cu)
     prefill = ordered[:num_prefill]
     captures = [list(r.capture_offsets) for r in prefill]
     t = IntTables()
-    prefill_cu = t.add(cu[:num_prefill + 1])
-    prefill_slots = t.add([r.state_slot for r in prefill])
+    prefill_cu, prefill_slots = t.add(cu[:num_prefill + 1]), t.add([r.state_slot for r in prefill])
     decode_slots = t.add([r.state_slot for r in ordered[num_prefill:]])
     block_tables = t.add(tables, (len(ordered), max_blocks))
-    seq_lens = t.add([r.end_pos for r in ordered])
-    cu_q = t.add(cu)
-    logit_idx = t.add(logit_index)
-    ssd_plan = conv_plan = attn_plan = None
-    if num_prefill:
-        offsets = captures if any(captures) else None
-        if planners.ssd_scan is not None:
-            ssd_plan = planners.ssd_scan(lens[:num_prefill], offsets, t)
-        if planners.causal_conv1d is not None:
-            conv_plan = planners.causal_conv1d(lens[:num_prefill], offsets, t)
-    if planners.paged_attention is not None:
-        attn_plan = planners.paged_attention(lens, [r.end_pos for r in ordered], max_blocks)
+    seq_lens, cu_q, logit_idx = t.add([r.end_pos for r in ordered]), t.add(cu), t.add(logit_index)
+    ssd_plan, conv_plan, attn_plan = _kernel_plans(planners, lens, num_prefill, captures, ordered, max_blocks, t)
     token_ids = t.add_host_tensor(torch.cat([r.token_ids.reshape(-1) for r in ordered]))
     pos_t = t.add_host_tensor(torch.cat(positions))
     slot_t = t.add_host_tensor(torch.cat(slot_mapping))
     buffer = t.upload(device)  # the step's one host-to-device copy
     return PackedBatch(
-        order=order,
-        rows=ordered,
-        token_ids=token_ids.t,
-        positions=pos_t.t,
-        num_prefill_rows=num_prefill,
-        num_prefill_tokens=cu[num_prefill],
-        prefill_seqlens=lens[:num_prefill],
-        prefill_cu_seqlens=prefill_cu.t,
-        prefill_slots=prefill_slots.t,
-        prefill_all_fresh=all(r.start_pos == 0 for r in prefill),
-        capture_offsets=captures if any(captures) else None,
-        decode_slots=decode_slots.t,
-        attention=PagedAttentionInputs(
-            slot_mapping=slot_t.t,
-            block_tables=block_tables.t,
-            seq_lens=seq_lens.t,
-            cu_seqlens_q=cu_q.t,
-            plan=attn_plan,
-        ),
-        logit_index=logit_idx.t,
-        logit_counts=counts,
-        ssd_plan=ssd_plan,
-        conv_plan=conv_plan,
-        buffer=buffer,
+        order=order, rows=ordered, token_ids=token_ids.t, positions=pos_t.t, num_prefill_rows=num_prefill,
+        num_prefill_tokens=cu[num_prefill], prefill_seqlens=lens[:num_prefill], prefill_cu_seqlens=prefill_cu.t,
+        prefill_slots=prefill_slots.t, prefill_all_fresh=all(r.start_pos == 0 for r in prefill),
+        capture_offsets=captures if any(captures) else None, decode_slots=decode_slots.t,
+        attention=PagedAttentionInputs(slot_mapping=slot_t.t, block_tables=block_tables.t, seq_lens=seq_lens.t,
+                                       cu_seqlens_q=cu_q.t, plan=attn_plan),
+        logit_index=logit_idx.t, logit_counts=counts, ssd_plan=ssd_plan, conv_plan=conv_plan, buffer=buffer,
     )

@@ -12,7 +12,8 @@ A byte budget bounds what the device holds; eviction is a seam (`EvictionPolicy`
 default, the others in `planner.eviction` (which also selects a policy by name). Below the device
 there may be tiers (`planner.snapshot_tiers.Tier`: host memory, disk), each with its own budget:
 the policy's victim on a full tier is demoted to the next tier down and dropped only from the
-last; a restore of a demoted snapshot costs its tier's transfer time (returned by
+last, and a new snapshot the policy declines for a full device goes straight to the first lower
+tier; a restore of a demoted snapshot costs its tier's transfer time (returned by
 `mark_restored`) and promotes it to the device again. With no lower tier the store is the flat
 device store it always was.
 """
@@ -233,17 +234,26 @@ class SnapshotStore:
                         prefix_hashes=block_hashes if getattr(self.eviction, "needs_prefix", False) else None)
         full = self._over(0, nbytes)
         admits = getattr(self.eviction, "admits", None)
+        tier = 0
         if full and (not admits(snap, self._residents(0)) if admits is not None else origin == "speculative"):
-            self.stats.declined += 1
-            return False
-        self._make_room(0, nbytes, now)
+            # the device keeps what it holds; a lower tier, if any, takes the new one directly
+            if not self.lower_tiers or (self._budgets[1] is not None and nbytes > self._budgets[1]):
+                self.stats.declined += 1
+                return False
+            tier = 1
+        self._make_room(tier, nbytes, now)
+        snap.tier = tier
         self._lru[(anchor, tail)] = snap
         self._by_anchor.setdefault(anchor, {})[tail] = snap
-        self._bytes[0] += nbytes
+        self._bytes[tier] += nbytes
         self.stats.saved += 1
         self.stats.saved_bytes += nbytes
         self.stats.saved_by_origin[origin] += 1
         self._tell("saved", snap)
+        if tier:  # taken on the device, copied down at once: counted as a move down
+            self.stats.demoted[self.lower_tiers[0].name] += 1
+            self.stats.demoted_bytes[self.lower_tiers[0].name] += nbytes
+            self._tell("demoted", snap)
         return True
 
     def _tell(self, event: str, snap: Snapshot) -> None:

@@ -117,6 +117,7 @@ CASES = {
                                                             "model.safetensors: not a readable safetensors file")),
     "wr-device-absent-cuda": ("warm_restore", lambda t: (["--device", absent_cuda_device()], "argument --device")),
     "wr-device-tpu": ("warm_restore", lambda t: (["--device", "tpu"], "argument --device")),
+    "wr-backend-unknown": ("warm_restore", lambda t: (["--backend", "cuda"], "argument --backend")),
     "wr-dtype-float16": ("warm_restore", lambda t: (["--dtype", "float16"], "argument --dtype")),
     "wr-backend-unknown": ("warm_restore", lambda t: (["--backend", "cuda"], "argument --backend")),
     "wr-policy-legacy": ("warm_restore", lambda t: (["--policy", "legacy"], "argument --policy")),
@@ -295,3 +296,16 @@ def test_bad_input_is_one_usage_line_and_writes_nothing(tmp_path, capsys, case):
     assert ": error: " in last and expected in last, last
     assert not out.exists()
     assert listing(tmp_path) == before  # nothing written, nothing created
+
+
+def test_triton_on_a_cpu_without_the_interpreter_is_one_line(tmp_path, capsys, monkeypatch):
+    """`--backend triton` where it cannot run (no CUDA device, TRITON_INTERPRET unset) names the
+    setting that makes it run, instead of Triton's driver traceback."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device runs triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        warm_restore.main(["--backend", "triton", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err and not (tmp_path / "o").exists()
+    assert "argument --backend: triton needs a CUDA device" in err and "TRITON_INTERPRET=1" in err

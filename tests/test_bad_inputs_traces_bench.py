@@ -17,7 +17,7 @@ from model.families import PRESETS
 
 CUDA = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
 MODULES = {
-    "traces": "experiments.traces.__main__", "checkpoint_budget": "experiments.traces.checkpoint_budget",
+    "traces": "experiments.traces.__main__", "snapshot_budget": "experiments.traces.snapshot_budget",
     "workloads": "experiments.workloads.__main__", "ssd_scan": "experiments.bench.ssd_scan",
     "paged_attention": "experiments.bench.paged_attention", "decode_step": "experiments.bench.decode_step",
     "model_prefill": "experiments.bench.model_prefill", "peer_vllm": "experiments.peer_vllm.study",
@@ -107,17 +107,17 @@ CASES = [
      {"o/summary.json": {"readings": {}, "trace": "t", "shape": "s", "requests": 1}, "o/ttft.json": {"a": 1}},
      "ttft.json"),
     ("traces-replot-out-is-file", "traces", ["--replot", "--out", "{d}/f"], {"f": "x"}, "--out"),
-    # ---- python -m experiments.traces.checkpoint_budget
-    ("budget-block-size-zero", "checkpoint_budget", [*SYN, "--block-size", "0"], {}, "--block-size"),
-    ("budget-limit-negative", "checkpoint_budget", [*SYN, "--limit", "-1"], {}, "--limit"),
-    ("budget-out-under-file", "checkpoint_budget", [*SYN, "--out", "{d}/f/o"], {"f": "x"}, "--out"),
-    ("budget-no-trace", "checkpoint_budget", ["--limit", "5"], {}, "--trace"),
-    ("budget-reading-unknown", "checkpoint_budget", [*SYN, "--reading", "as-given,foo"], {}, "--reading"),
-    ("budget-replot-empty-curve", "checkpoint_budget", ["--replot", "--out", "{d}/o"], {"o/curve.json": "  \n"},
+    # ---- python -m experiments.traces.snapshot_budget
+    ("budget-block-size-zero", "snapshot_budget", [*SYN, "--block-size", "0"], {}, "--block-size"),
+    ("budget-limit-negative", "snapshot_budget", [*SYN, "--limit", "-1"], {}, "--limit"),
+    ("budget-out-under-file", "snapshot_budget", [*SYN, "--out", "{d}/f/o"], {"f": "x"}, "--out"),
+    ("budget-no-trace", "snapshot_budget", ["--limit", "5"], {}, "--trace"),
+    ("budget-reading-unknown", "snapshot_budget", [*SYN, "--reading", "as-given,foo"], {}, "--reading"),
+    ("budget-replot-empty-curve", "snapshot_budget", ["--replot", "--out", "{d}/o"], {"o/curve.json": "  \n"},
      "curve.json: empty"),
-    ("budget-replot-wrong-schema", "checkpoint_budget", ["--replot", "--out", "{d}/o"],
-     {"o/curve.json": {"config": {}, "rows": []}}, "curve.json: not a checkpoint-budget curve"),
-    ("budget-replot-missing", "checkpoint_budget", ["--replot", "--out", "{d}/o"], {"o/x.txt": "x"},
+    ("budget-replot-wrong-schema", "snapshot_budget", ["--replot", "--out", "{d}/o"],
+     {"o/curve.json": {"config": {}, "rows": []}}, "curve.json: not a snapshot-budget curve"),
+    ("budget-replot-missing", "snapshot_budget", ["--replot", "--out", "{d}/o"], {"o/x.txt": "x"},
      "curve.json: no such file"),
     # ---- python -m experiments.workloads
     ("workloads-limit-zero", "workloads", [*SYN, "--limit", "0"], {}, "--limit"),

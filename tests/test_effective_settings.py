@@ -95,7 +95,7 @@ def multiturn_study(runner: str, model_name: str, monkeypatch=None, model=None):
     args = ap.parse_args(["--runner", runner, "--model", model_name, "--quick", "--block-size", str(BLOCK),
                           "--prefill-budget", str(BUDGET)])
     if runner == "model":
-        monkeypatch.setattr(multiturn_cli, "build_model", lambda *a, **k: model)
+        monkeypatch.setattr(multiturn_cli, "build_model_or_exit", lambda *a, **k: model)
         monkeypatch.setattr(multiturn_cli, "warm_up", lambda m: None)
     return multiturn_cli.build_study(ap, args, multiturn_cli.workload_config(ap, args))[0]
 

@@ -1,12 +1,20 @@
-"""House rules of experiments/: short functions, and engines built only through `Engine.for_*`."""
+"""House rules: short functions everywhere but kernels/ (issue 19), and experiments build engines
+only through `Engine.for_*`."""
 
 import ast
 from pathlib import Path
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "experiments"
 # the kernel and model benchmarks follow their own layout (experiments/bench_*.py)
 SOURCES = sorted(p for p in EXPERIMENTS.rglob("*.py") if not p.name.startswith("bench_") and "bench" not in p.parts)
-MAX_FUNCTION_LINES = 80
+# The function-length rule covers every package but kernels/ (Triton kernels and their launchers are
+# exempt), the benchmarks included.
+LENGTH_CHECKED = ("experiments", "model", "planner", "scripts")
+LENGTH_SOURCES = sorted(p for d in LENGTH_CHECKED for p in (ROOT / d).rglob("*.py"))
+MAX_FUNCTION_LINES = 60
+# "path:function" allowed over the limit, each with its reason:
+LONG_FUNCTION_EXCEPTIONS: set[str] = set()  # "path:function" allowed over the limit, each with its reason
 
 
 def functions(path: Path):
@@ -18,12 +26,26 @@ def functions(path: Path):
 def test_sources_found():
     names = {p.relative_to(EXPERIMENTS).as_posix() for p in SOURCES}
     assert {"common/runs.py", "warm_restore/study.py", "ablations/study.py", "multiturn/run.py", "workloads/synthetic.py"} <= names
+    checked = {p.relative_to(ROOT).as_posix() for p in LENGTH_SOURCES}
+    assert {"experiments/bench/decode_step.py", "model/batch.py", "planner/scheduler.py", "scripts/mutation_test.py"} <= checked
+    assert not any(name.startswith("kernels/") for name in checked)
 
 
-def test_no_function_longer_than_80_lines():
-    long = [f"{p.relative_to(EXPERIMENTS)}:{f.lineno} {f.name} ({f.end_lineno - f.lineno + 1} lines)"
-            for p in SOURCES for f in functions(p) if f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES]
+def test_no_function_longer_than_60_lines():
+    """Every function outside kernels/ is at most 60 lines (`def` to its last line), but the listed
+    exceptions, which must still exist and still be over the limit (else drop them)."""
+    long, excepted = [], set()
+    for p in LENGTH_SOURCES:
+        rel = p.relative_to(ROOT).as_posix()
+        for f in functions(p):
+            if f.end_lineno - f.lineno + 1 <= MAX_FUNCTION_LINES:
+                continue
+            if f"{rel}:{f.name}" in LONG_FUNCTION_EXCEPTIONS:
+                excepted.add(f"{rel}:{f.name}")
+            else:
+                long.append(f"{rel}:{f.lineno} {f.name} ({f.end_lineno - f.lineno + 1} lines)")
     assert long == []
+    assert excepted == LONG_FUNCTION_EXCEPTIONS, f"no longer over the limit: {LONG_FUNCTION_EXCEPTIONS - excepted}"
 
 
 BUILDERS = {"for_model", "for_placeholder", "for_runner"}  # model.engine.Engine: the policy's defaults applied

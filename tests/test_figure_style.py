@@ -13,7 +13,7 @@ from planner.policies.registry import POLICIES
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PLOTTING = ("experiments/ablations/plots.py", "experiments/warm_restore/report.py", "experiments/multiturn/report.py",
-            "experiments/peer_vllm/report.py", "experiments/traces/plots.py", "experiments/traces/checkpoint_budget.py",
+            "experiments/peer_vllm/report.py", "experiments/traces/plots.py", "experiments/traces/snapshot_budget.py",
             "experiments/bench/ssd_scan.py", "experiments/bench/paged_attention.py",
             "experiments/bench/model_prefill.py")
 

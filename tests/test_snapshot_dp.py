@@ -51,7 +51,7 @@ def test_bad_input_names_the_argument():
 
 
 def test_snapshot_curve_on_a_synthetic_trace():
-    from experiments.traces.checkpoint_budget import curve, grid, uniform
+    from experiments.traces.snapshot_budget import curve, grid, uniform
     from experiments.workloads import open_workload
 
     assert uniform(100, 2, 16) == [48, 96] and grid(100, 32, 16) == [32, 64, 96]

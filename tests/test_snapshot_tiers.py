@@ -210,3 +210,30 @@ def test_the_simulator_with_a_host_tier(tmp_path):
     assert tiered["restore_transfer_s"] == pytest.approx(promoted * (HOST_LATENCY_S + state / (HOST_GB_PER_S * 1e9)))
     with pytest.raises(ValueError, match="^host_gb: a lower tier needs a device budget"):
         SimConfig("ours-plus", host_gb=1.0)
+
+
+class Declines(Recorder):
+    """LRU whose admission keeps what the device holds: every new snapshot is declined when it is full."""
+
+    def admits(self, candidate, snapshots):
+        return False
+
+
+def test_a_snapshot_declined_by_a_full_device_goes_straight_to_the_host():
+    flat = SnapshotStore(BS, byte_budget=1, eviction=Declines())
+    save(flat, 1)
+    tokens = prompt(2)
+    assert not flat.save(tokens, 8, State(), hash_full_blocks(tokens, BS)) and flat.stats.declined == 1
+    rec = Declines()
+    st = SnapshotStore(BS, byte_budget=1, eviction=rec, lower_tiers=[slow_tier("host", 1)])
+    save(st, 1)
+    save(st, 2)  # declined by the device: to the host; 1 stays on the device
+    assert [st.tier_name(find(st, i)) for i in (1, 2)] == ["device", "host"]
+    assert st.stats.declined == 0 and st.stats.demoted["host"] == 1 and rec.events == [("demoted", 8)]
+    save(st, 3)  # the host is full too: its LRU (2) leaves, 3 moves in
+    assert find(st, 2) is None and st.tier_name(find(st, 3)) == "host" and st.stats.evicted == 1
+    speculative = SnapshotStore(BS, byte_budget=1, lower_tiers=[slow_tier("host", 1)])
+    save(speculative, 1)
+    tokens = prompt(2)
+    assert speculative.save(tokens, 8, State(), hash_full_blocks(tokens, BS), origin="speculative")
+    assert speculative.tier_name(find(speculative, 2)) == "host"  # no admits: a speculative one is not pushed in

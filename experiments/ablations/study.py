@@ -63,10 +63,11 @@ from experiments.common import sweep_parts
 from experiments.common.flags import (HelpFormatter, add_model_flags, add_policy_flag, add_replot_flag, int_in_range,
                                int_list, name_list, new_parser, require_block_of_budget, shard_spec)
 from experiments.common.inputs import InputError, fail_on_input_error, read_csv, read_json
-from experiments.common.outputs import abandon, add_out_flags, beside_record, record_folder, resolve_out, report_written, writes_record
+from experiments.common.outputs import (add_out_flags, beside_record, record_folder, resolve_out, report_written,
+                                        writes_record)
 from experiments.common.progress import Progress
 from experiments.common.results_io import log
-from experiments.common.runs import (FP32_LOGIT_TOL, ModelLoadError, build_model, cold_record, dense_serve, max_abs_diff,
+from experiments.common.runs import (FP32_LOGIT_TOL, build_model_or_exit, cold_record, dense_serve, max_abs_diff,
                               random_prompt, serve, set_threads, warm_record, warm_up)
 from experiments.common.sweep_parts import PointFailed
 from model.engine import CAPTURE_MODES, Engine
@@ -455,11 +456,8 @@ def main(argv=None) -> int:
     model = None
     set_threads(args.threads)
     if not (args.merge or args.replot):
-        try:
-            model = build_model(args.model, args.device, args.seed, args.dtype, args.backend)
-        except ModelLoadError as e:
-            abandon(root)
-            ap.error(f"argument --model: {e}")
+        model = build_model_or_exit(ap, root, args.model, device=args.device, seed=args.seed, dtype=args.dtype,
+                                    backend=args.backend)
         warm_up(model)
     status, written = 0, []
     for cmd in cmds:

@@ -17,14 +17,10 @@ import argparse
 
 def preset_names(text: str) -> list[str]:
     """Comma-separated model preset names (model.families.PRESETS), distinct, at least one."""
+    from experiments.common.flags import name_list
     from model.families import PRESETS
 
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in items if x not in PRESETS]
-    if not items or bad or len(set(items)) != len(items):
-        raise argparse.ArgumentTypeError(f"expected distinct comma-separated presets from {', '.join(PRESETS)}; "
-                                         f"got {text!r}")
-    return items
+    return name_list(PRESETS)(text)
 
 
 def preset_name(text: str) -> str:

@@ -76,7 +76,72 @@ def parser():
     return p
 
 
+def fill_decode_state(cache) -> None:
+    """Random states and KV, as a prefill would leave them (their values do not change the time)."""
+    for layer in cache.ssm_pool:
+        cache.ssm_pool[layer].normal_(0, 0.1)
+        cache.conv_pool[layer].normal_(0, 0.1)
+    for layer in cache.key_cache:
+        cache.key_cache[layer].normal_(0, 1)
+        cache.value_cache[layer].normal_(0, 1)
+
+
+def decode_inputs(model, batch: int, context: int, block_size: int, blocks_per_row: int):
+    """A cache of `batch` rows with `context` tokens each, and `rows(step)`: the decode step's
+    one-token chunks at position `context + step`."""
+    from model import SequenceChunk
+
+    cache = model.allocate_cache(batch * blocks_per_row + 1, block_size, batch)
+    tables = [list(range(1 + r * blocks_per_row, 1 + (r + 1) * blocks_per_row)) for r in range(batch)]
+    fill_decode_state(cache)
+    ids = torch.randint(0, model.config.vocab_size, (batch,))
+
+    def rows(step):
+        return [SequenceChunk(ids[r:r + 1], context + step, tables[r], r) for r in range(batch)]
+
+    return cache, rows
+
+
+def graph_matches_eager(model, graphs, cache, rows) -> bool:
+    """Whether the graph step's logits equal the eager step's (run on a copy of the cache) within
+    the bf16 tolerance."""
+    eager_cache = copy.deepcopy(cache)
+    got = graphs.forward(rows(0))
+    want = model.forward_batch(rows(0), eager_cache).logits
+    tol = tolerance(torch.bfloat16)
+    return all(torch.allclose(g.float(), w.float(), **tol) for g, w in zip(got, want))
+
+
+def time_graph_and_eager(model, graphs, cache, rows, repeats: int) -> tuple[float, float]:
+    """Median seconds of one graph-replayed step and of one eager `forward_batch` step."""
+    step = [1]
+
+    def graph_step():
+        graphs.forward(rows(step[0] % repeats))
+
+    def eager_step():
+        model.forward_batch(rows(step[0] % repeats), cache)
+
+    return time_steps(graph_step, repeats), time_steps(eager_step, repeats)
+
+
+def bench_batch(model, args, batch: int, blocks_per_row: int, floor: float) -> dict | None:
+    """One batch size's row (step times, and their ratio to the weight-streaming `floor`); None
+    when the graph step disagrees with the eager step."""
+    from model.decode_graph import DecodeGraphs
+
+    cache, rows = decode_inputs(model, batch, args.context, args.block_size, blocks_per_row)
+    graphs = DecodeGraphs(model, cache, max_blocks=blocks_per_row, use_graphs=True)
+    if not graph_matches_eager(model, graphs, cache, rows):
+        log(f"batch {batch}: graph step != eager step; not reported")
+        return None
+    t_graph, t_eager = time_graph_and_eager(model, graphs, cache, rows, args.repeats)
+    return dict(batch=batch, context=args.context, graph_ms=t_graph * 1e3, eager_ms=t_eager * 1e3,
+                weight_stream_ms=floor * 1e3, graph_over_floor=t_graph / floor, eager_over_floor=t_eager / floor)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (see the module's docstring); 1 if a batch's graph step was wrong."""
     from experiments.common.outputs import precheck_out, report_written, resolve_out
 
     p = parser()
@@ -86,61 +151,22 @@ def main(argv: list[str] | None = None) -> int:
         log("decode_step: no CUDA device; nothing measured, nothing written")
         return 0
     resolve_out(p, args)
-    from model import SequenceChunk, from_preset
-    from model.decode_graph import DecodeGraphs
+    from model import from_preset
 
     torch.manual_seed(0)
     model = from_preset(args.model, backend="triton", seed=0, dtype=torch.bfloat16, device="cuda")
     weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
     bw = copy_bandwidth()
-    batches = args.batches
-    bs = args.block_size
-    blocks_per_row = -(-(args.context + args.repeats + 8) // bs)
+    blocks_per_row = -(-(args.context + args.repeats + 8) // args.block_size)
     rows_out, failed = [], False
-    for B in batches:
-        cache = model.allocate_cache(B * blocks_per_row + 1, bs, B)
-        tables = [list(range(1 + r * blocks_per_row, 1 + (r + 1) * blocks_per_row)) for r in range(B)]
-        # The states and KV a decode reads: random, as a prefill would leave them (their values do
-        # not change the time).
-        for layer in cache.ssm_pool:
-            cache.ssm_pool[layer].normal_(0, 0.1)
-            cache.conv_pool[layer].normal_(0, 0.1)
-        for layer in cache.key_cache:
-            cache.key_cache[layer].normal_(0, 1)
-            cache.value_cache[layer].normal_(0, 1)
-        ids = torch.randint(0, model.config.vocab_size, (B,))
-
-        def rows(step):
-            return [SequenceChunk(ids[r:r + 1], args.context + step, tables[r], r) for r in range(B)]
-
-        graphs = DecodeGraphs(model, cache, max_blocks=blocks_per_row, use_graphs=True)
-        eager_cache = copy.deepcopy(cache)
-        got = graphs.forward(rows(0))
-        want = model.forward_batch(rows(0), eager_cache).logits
-        tol = tolerance(torch.bfloat16)
-        ok = all(torch.allclose(g.float(), w.float(), **tol) for g, w in zip(got, want))
-        del eager_cache
-        if not ok:
-            log(f"batch {B}: graph step != eager step; not reported")
+    for B in args.batches:
+        row = bench_batch(model, args, B, blocks_per_row, weight_bytes / bw)
+        if row is None:
             failed = True
             continue
-        step = [1]
-
-        def graph_step():
-            graphs.forward(rows(step[0] % args.repeats))
-
-        def eager_step():
-            model.forward_batch(rows(step[0] % args.repeats), cache)
-
-        t_graph = time_steps(graph_step, args.repeats)
-        t_eager = time_steps(eager_step, args.repeats)
-        floor = weight_bytes / bw
-        rows_out.append(dict(batch=B, context=args.context, graph_ms=t_graph * 1e3, eager_ms=t_eager * 1e3,
-                             weight_stream_ms=floor * 1e3, graph_over_floor=t_graph / floor,
-                             eager_over_floor=t_eager / floor))
-        log(str(rows_out[-1]))
-        del graphs, cache
-        torch.cuda.empty_cache()
+        rows_out.append(row)
+        log(str(row))
+        torch.cuda.empty_cache()  # the batch's cache and graphs are gone with `bench_batch`'s frame
     path = write_json(args.out / "decode_step.json",
                       dict(environment=environment("cuda"), preset=args.model, weight_bytes=weight_bytes,
                            copy_bandwidth_Bps=bw, rows=rows_out))

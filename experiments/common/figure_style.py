@@ -47,12 +47,12 @@ SYSTEM_STYLES: dict[str, dict] = {
 }
 ALIASES = {"vllm:default": "vllm", "vllm:shared_prefix": "vllm_shared_prefix", "caching off": "off"}
 # Eviction policies: a line style (for lines) and a hatch (for bars); colour stays the placement's.
-EVICTION_STYLES: dict[str, dict] = {
-    "lru": {"linestyle": "-", "hatch": ".."},
-    "flop_aware": {"linestyle": "--", "hatch": "//"},
-    "learned_value": {"linestyle": "-.", "hatch": "xx"},
-    "seglen": {"linestyle": (0, (8, 2)), "hatch": "\\\\"},
-    "next_use": {"linestyle": (0, (3, 1, 1, 1, 1, 1)), "hatch": ""},
+EVICTION_STYLES: dict[str, dict] = {  # marker: where the placement already has the colour (the factorial)
+    "lru": {"linestyle": "-", "hatch": "..", "marker": "o"},
+    "flop_aware": {"linestyle": "--", "hatch": "//", "marker": "s"},
+    "learned_value": {"linestyle": "-.", "hatch": "xx", "marker": "*"},
+    "seglen": {"linestyle": (0, (8, 2)), "hatch": "\\\\", "marker": "D"},
+    "next_use": {"linestyle": (0, (3, 1, 1, 1, 1, 1)), "hatch": "", "marker": "h"},
 }
 # Variants of one mechanism (capture modes, benchmark variants, checkpoint placements).
 VARIANT_STYLES: dict[str, dict] = {
@@ -117,6 +117,11 @@ def line(name: str, eviction: str | None = None, **kw) -> dict:
     """ax.plot keyword arguments: the name's colour and marker, the eviction's line style."""
     out = style(name) | {"linestyle": EVICTION_STYLES.get(eviction or "", {}).get("linestyle", "-")}
     return out | kw
+
+
+def eviction_marker(eviction: str | None) -> str:
+    """The eviction's marker, for a figure whose colours are the placements'."""
+    return EVICTION_STYLES.get(eviction or "", {}).get("marker", "o")
 
 
 def hatch(eviction: str | None) -> str:

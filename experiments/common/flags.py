@@ -117,6 +117,21 @@ def device_name(text: str) -> str:
     return text
 
 
+def backend_name(text: str) -> str:
+    """`torch`, or `triton` where it can run: a CUDA device, or the interpreter (TRITON_INTERPRET=1,
+    which must be set before Triton is first imported)."""
+    import os
+
+    import torch
+
+    if text not in ("torch", "triton"):
+        raise argparse.ArgumentTypeError(f"expected torch or triton, got {text!r}")
+    if text == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise argparse.ArgumentTypeError("triton needs a CUDA device; on this CPU-only machine it runs only through "
+                                         "the interpreter: set TRITON_INTERPRET=1 (slow: tiny shapes) or use torch")
+    return text
+
+
 def checkpoint_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder (one file, or the shards of its index)."""
     if (folder / INDEX_FILE).is_file():
@@ -181,7 +196,9 @@ def add_model_flags(ap: argparse.ArgumentParser, dtypes=("float32", "bfloat16"),
     ap.add_argument("--model", type=model_name, default="small",
                     help=f"a model preset ({', '.join(PRESETS)}) or a checkpoint folder (config.json + safetensors)")
     if backend:
-        ap.add_argument("--backend", default="torch", choices=("torch", "triton"), help="kernel backend")
+        ap.add_argument("--backend", default="torch", type=backend_name,
+                        help="kernel backend: torch, or triton (a CUDA device; on a CPU only through the "
+                             "interpreter, TRITON_INTERPRET=1: slow, for tests)")
     ap.add_argument("--device", type=device_name, default="cpu", help="torch device: cpu, cuda or cuda:i")
     if dtypes:
         ap.add_argument("--dtype", default=dtypes[0], choices=dtypes, help=dtype_help)

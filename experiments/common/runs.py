@@ -90,6 +90,19 @@ def build_model(name: str, device: str = "cpu", seed: int = 0, dtype: str = "flo
         raise ModelLoadError(f"{name}: checkpoint does not load: {e}") from e
 
 
+def build_model_or_exit(ap, out: Path | None, name: str, **kwargs) -> HybridLM:
+    """`build_model`, or, when a checkpoint does not load, one usage line naming --model (argparse's
+    exit 2) after removing the run folder `out` the command made for it: an error leaves nothing."""
+    from experiments.common.outputs import abandon
+
+    try:
+        return build_model(name, **kwargs)
+    except ModelLoadError as e:
+        if out is not None:
+            abandon(out)
+        ap.error(f"argument --model: {e}")
+
+
 def model_summary(model: HybridLM) -> dict:
     return {"model_type": model.config.model_type, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
             "layers": "".join(LAYER_SYMBOLS[t] for t in model.config.layer_types)}

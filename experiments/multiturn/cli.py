@@ -18,9 +18,10 @@ from experiments.common.flags import (add_model_flags, add_policy_flag, add_pref
 from experiments.common.inputs import InputError, fail_on_input_error, read_csv, read_json
 from experiments.multiturn.report import OUTPUTS, finalize, plot
 from experiments.multiturn.run import NAME, RunConfig, Study, configs_for, run_configs
-from experiments.common.outputs import abandon, add_out_flags, beside_record, record_folder, report_written, resolve_out, writes_record
+from experiments.common.outputs import (add_out_flags, beside_record, record_folder, report_written, resolve_out,
+                                        writes_record)
 from experiments.common.results_io import log
-from experiments.common.runs import ModelLoadError, build_model, model_config, set_threads, warm_up
+from experiments.common.runs import build_model_or_exit, model_config, set_threads, warm_up
 from experiments.workloads.synthetic import QUICK, SyntheticSessions, WorkloadConfig
 from model.cost import ModelCost
 from model.engine import ModelShape, PlaceholderRunner
@@ -96,11 +97,7 @@ def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tupl
     bytes of one snapshot."""
     model = shape = None
     if args.runner == "model":
-        try:
-            model = build_model(args.model, args.device, args.seed)
-        except ModelLoadError as e:
-            abandon(args.out)
-            ap.error(f"argument --model: {e}")
+        model = build_model_or_exit(ap, args.out, args.model, device=args.device, seed=args.seed)
         warm_up(model)
         vocab, flops = model.config.vocab_size, ModelCost(model.config).snapshot_flops
         snapshot_nbytes = model.allocate_cache(1, args.block_size, 1).state_bytes_per_slot

@@ -214,40 +214,46 @@ def series(result: dict) -> dict[str, dict]:
     return out
 
 
-def plot(result: dict, path: Path) -> Path:
-    from experiments.common import figure_style as fs
-
-    plt = fs.pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(14, 9))
-    (ax_wr, ax_rec), (ax_rl, ax_mc) = axes
-    systems = series(result)
-    goals = result.get("goals", {})
-    names = [n for n in systems if "warm_restore" in systems[n]]
+def _warm_restore_points(ax, systems: dict, names: list[str], fs) -> None:
+    """Cold (hollow) and warm (filled) median TTFT per system, as points, each with its value."""
     for k, n in enumerate(names):  # points, not bars, on the log axis: cold hollow, warm filled
         f, st = systems[n]["warm_restore"], fs.style(n)
         cold, warm = f["cold_ttft_s"], f["warm_ttft_s"]
         if cold:
-            ax_wr.plot([k - 0.15], [cold], linestyle="none", ms=10, mfc="none", mew=2, **st)
-            ax_wr.annotate(f"{cold:.3g} s", (k - 0.15, cold), xytext=(-15, 0), textcoords="offset points",
-                           ha="right", va="center", fontsize=7)
+            ax.plot([k - 0.15], [cold], linestyle="none", ms=10, mfc="none", mew=2, **st)
+            ax.annotate(f"{cold:.3g} s", (k - 0.15, cold), xytext=(-15, 0), textcoords="offset points",
+                        ha="right", va="center", fontsize=7)
         if warm:
-            ax_wr.plot([k + 0.15], [warm], linestyle="none", ms=10, **st)
-            ax_wr.annotate(f"{warm * 1e3:.0f} ms\n{f['mean_recomputed_tokens']:.0f} tok", (k + 0.15, warm),
-                           xytext=(8, 0), textcoords="offset points", ha="left", va="center", fontsize=7)
-    if OURS in names:
-        k = names.index(OURS)
-        for key, x, text in (("warm_ttft_le", k + 0.15, "warm <= vLLM default's"),
-                             ("cold_ttft_within_1.5x", k - 0.15, "cold <= 1.5 x vLLM default's")):
-            g = goals.get(key)
-            if g and g.get("vllm_s"):
-                bound = g["vllm_s"] * (1.5 if key.startswith("cold") else 1.0)
-                fs.goal_marks(ax_wr, [x], [bound], f"ours {text}", ms=20, alpha=1.0 if key.startswith("warm") else 0.55)
-    ax_wr.set_xticks(range(len(names)), [f"{n}\ncold (hollow) | warm" for n in names], fontsize=8)
-    ax_wr.set_xlim(-0.7, len(names) - 0.3)
-    ax_wr.set_yscale("log")
-    ax_wr.set_ylabel("TTFT (s, median)")
-    ax_wr.grid(axis="y", alpha=0.3, which="both")
-    ax_wr.set_title(f"warm restore: {result['config']['prompt_len']}-token prompt, then the same again", fontsize=10)
+            ax.plot([k + 0.15], [warm], linestyle="none", ms=10, **st)
+            ax.annotate(f"{warm * 1e3:.0f} ms\n{f['mean_recomputed_tokens']:.0f} tok", (k + 0.15, warm),
+                        xytext=(8, 0), textcoords="offset points", ha="left", va="center", fontsize=7)
+
+
+def _warm_restore_goal_marks(ax, names: list[str], goals: dict, fs) -> None:
+    """The TTFT goals' bounds (vLLM default's warm TTFT, 1.5 x its cold TTFT) beside ours."""
+    if OURS not in names:
+        return
+    k = names.index(OURS)
+    for key, x, text in (("warm_ttft_le", k + 0.15, "warm <= vLLM default's"),
+                         ("cold_ttft_within_1.5x", k - 0.15, "cold <= 1.5 x vLLM default's")):
+        g = goals.get(key)
+        if g and g.get("vllm_s"):
+            bound = g["vllm_s"] * (1.5 if key.startswith("cold") else 1.0)
+            fs.goal_marks(ax, [x], [bound], f"ours {text}", ms=20, alpha=1.0 if key.startswith("warm") else 0.55)
+
+
+def _warm_restore_axis(ax, names: list[str], prompt_len: int) -> None:
+    """Ticks, log scale, labels and title of the warm-restore panel."""
+    ax.set_xticks(range(len(names)), [f"{n}\ncold (hollow) | warm" for n in names], fontsize=8)
+    ax.set_xlim(-0.7, len(names) - 0.3)
+    ax.set_yscale("log")
+    ax.set_ylabel("TTFT (s, median)")
+    ax.grid(axis="y", alpha=0.3, which="both")
+    ax.set_title(f"warm restore: {prompt_len}-token prompt, then the same again", fontsize=10)
+
+
+def _per_request_points(ax_rec, ax_rl, ax_mc, systems: dict, fs) -> None:
+    """Every request's recomputed tokens and warm TTFT (random lengths) and TTFT (Mooncake), per system."""
     for n, sc in systems.items():
         st = fs.style(n)
         if "random_lengths" in sc:
@@ -258,6 +264,10 @@ def plot(result: dict, path: Path) -> Path:
         if "mooncake" in sc:
             f = sc["mooncake"]
             ax_mc.plot(range(f["n"]), f["ttft_s_all"], ms=4, label=n, lw=0.8, **st)
+
+
+def _per_request_axes(ax_rec, ax_rl, ax_mc, goals: dict, fs) -> None:
+    """The recomputed-tokens goal line, then the labels, scales, titles and grids of the per-request panels."""
     g = goals.get("recomputed_le_fifth")
     if g and g.get("vllm"):
         fs.goal_line(ax_rec, g["vllm"] / 5, f"ours' mean <= 1/5 of vLLM default's ({g['vllm'] / 5:.0f})",
@@ -270,6 +280,10 @@ def plot(result: dict, path: Path) -> Path:
     ax_mc.set_title("Mooncake conversation slice (chains reading)", fontsize=10)
     for ax in (ax_rec, ax_rl, ax_mc):
         ax.grid(alpha=0.3, which="both")
+
+
+def _legends(ax_wr, ax_rec, ax_rl, ax_mc) -> None:
+    """Each panel's legend, with headroom above the data for the two upper-left ones."""
     ax_wr.legend(fontsize=7, loc="center right")
     ax_rec.legend(fontsize=7, loc="upper left", ncol=3)
     ax_rl.legend(fontsize=7, loc="upper left", ncol=3)
@@ -277,12 +291,35 @@ def plot(result: dict, path: Path) -> Path:
     for ax, room in ((ax_rec, 8), (ax_rl, 3)):
         lo, hi = ax.get_ylim()
         ax.set_ylim(max(lo, 0) if ax.get_yscale() == "symlog" else lo, hi * room)  # room for the legend
+
+
+def _figure_title(fig, result: dict, fs) -> None:
+    """The figure's title block: the systems, the workloads, the model and the device."""
     env, cfg = result["environment"], result["config"]
     fs.title(fig, f"Ours vs vLLM {result['systems']['vllm']['version']}, side by side on one machine",
              workload=f"warm restore ({cfg['prompt_len']} tokens x {cfg['repeats']}), {cfg['random_count']} random "
                       f"lengths, Mooncake slice ({cfg['mooncake_sessions']} sessions)",
              model=f"{cfg['model']} checkpoint ({cfg['dtype']}, {cfg['threads']} thread(s) each)",
              device=f"{env['device_name']}, measured, both systems", extra=["goals: vs vLLM's default configuration"])
+
+
+def plot(result: dict, path: Path) -> Path:
+    """peer_vllm.png: warm restore TTFT, random lengths' recomputed tokens and warm TTFT, Mooncake TTFT."""
+    from experiments.common import figure_style as fs
+
+    plt = fs.pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(14, 9))
+    (ax_wr, ax_rec), (ax_rl, ax_mc) = axes
+    systems = series(result)
+    goals = result.get("goals", {})
+    names = [n for n in systems if "warm_restore" in systems[n]]
+    _warm_restore_points(ax_wr, systems, names, fs)
+    _warm_restore_goal_marks(ax_wr, names, goals, fs)
+    _warm_restore_axis(ax_wr, names, result["config"]["prompt_len"])
+    _per_request_points(ax_rec, ax_rl, ax_mc, systems, fs)
+    _per_request_axes(ax_rec, ax_rl, ax_mc, goals, fs)
+    _legends(ax_wr, ax_rec, ax_rl, ax_mc)
+    _figure_title(fig, result, fs)
     return fs.save(fig, path)
 
 
@@ -359,14 +396,11 @@ def _probe_rows(result: dict) -> list[str]:
     return rows
 
 
-def report(result: dict) -> str:
+def _header_lines(result: dict) -> list[str]:
+    """Title, command, device and versions, machine load, checkpoint, and how requests are served."""
     cfg, env, v = result["config"], result["environment"], result["systems"]["vllm"]
-    systems, load = series(result), result.get("machine_load", {})
-    ours_mem, vmem = result["systems"][OURS].get("state_memory") or {}, v.get("state_memory") or {}
-    held_after = ", ".join(f"{k} {_n(f.get('state_bytes_held_after'))}" for k, f in systems[OURS].items())
-    head = ["| system | requests | cold TTFT (median) | warm TTFT (median) | cached tokens (mean, warm) | "
-            "recomputed tokens (mean, warm) | errors |", "|---|---|---|---|---|---|---|"]
-    lines = [
+    load = result.get("machine_load", {})
+    return [
         "# Side by side with vLLM: the same checkpoint, token ids, dtype and threads", "",
         f"Command: `python -m experiments.peer_vllm --prompt-len {cfg['prompt_len']} --repeats {cfg['repeats']} "
         f"--random-count {cfg['random_count']} --mooncake-sessions {cfg['mooncake_sessions']}` "
@@ -384,6 +418,15 @@ def report(result: dict) -> str:
         "`LLM.generate`, ours: `runs.serve`). Systems alternate request by request, the order flipping each time. "
         "*Cached* = tokens not run again (ours: the SSM restore point; vLLM: `num_cached_tokens`); *recomputed* = "
         "prompt - cached.", "",
+    ]
+
+
+def _scenario_sections(result: dict, systems: dict) -> list[str]:
+    """The warm restore, random lengths and Mooncake tables, one row per system."""
+    cfg = result["config"]
+    head = ["| system | requests | cold TTFT (median) | warm TTFT (median) | cached tokens (mean, warm) | "
+            "recomputed tokens (mean, warm) | errors |", "|---|---|---|---|---|---|---|"]
+    return [
         f"## Warm restore ({cfg['prompt_len']} tokens, {cfg['repeats']} paired repeats, a fresh prompt each)", "",
         *head, *_scenario_rows(systems, "warm_restore"), "",
         f"## Random lengths ({cfg['random_count']} seeded lengths in [{cfg['random_min']}, {cfg['random_max']}])", "",
@@ -392,6 +435,12 @@ def report(result: dict) -> str:
         "", "| system | requests | first-turn TTFT (median) | continuation TTFT (median) | cached tokens (sum) | "
             "recomputed tokens (sum) | errors |", "|---|---|---|---|---|---|---|",
         *_scenario_rows(systems, "mooncake"), "",
+    ]
+
+
+def _agreement_and_goal_sections(result: dict) -> list[str]:
+    """The agreement of greedy tokens and top logprobs, then the goals per vLLM configuration."""
+    return [
         "## Agreement with ours (greedy tokens; first-token top-5 logprobs at vLLM's ids)", "",
         "| vLLM config | scenario | greedy identical | same top-5 ids | max abs logprob diff |", "|---|---|---|---|---|",
         *_agreement_rows(result), "",
@@ -399,6 +448,15 @@ def report(result: dict) -> str:
         "as its documentation sets up hybrid prefix caching; the `shared_prefix` rows hold ours to the same goals "
         "against vLLM with `prefix_match_unit` 16 (our block) and the shared-prefix checkpoint switch.", "",
         "| goal | vs vLLM config | | measured |", "|---|---|---|---|", *_goal_rows(result), "",
+    ]
+
+
+def _state_memory_section(result: dict, systems: dict) -> list[str]:
+    """Bytes per snapshot and held (ours) against bytes per checkpoint and the pool (vLLM)."""
+    ours_mem = result["systems"][OURS].get("state_memory") or {}
+    vmem = result["systems"]["vllm"].get("state_memory") or {}
+    held_after = ", ".join(f"{k} {_n(f.get('state_bytes_held_after'))}" for k, f in systems[OURS].items())
+    return [
         "## State memory", "",
         f"Ours: {_n(ours_mem.get('state_bytes_per_snapshot'))} bytes per snapshot (5 Mamba layers' SSM + conv "
         f"state), {_n(ours_mem.get('state_bytes_held'))} bytes held at the end of the run (unbounded store; after "
@@ -407,6 +465,12 @@ def report(result: dict) -> str:
         f"{vmem.get('state_bytes_per_checkpoint_per_layer')}: the state padded to a {vmem.get('block_size')}-token "
         f"attention page), inside a preallocated {_n(vmem.get('kv_cache_memory_bytes_preallocated'))}-byte pool; "
         "how many checkpoints it held is not exposed by its API and is not reported.", "",
+    ]
+
+
+def _vllm_settings_section(v: dict) -> list[str]:
+    """What each vLLM configuration was given and what vLLM resolved (block sizes, batched tokens)."""
+    lines = [
         "## vLLM settings and what vLLM made of them", "",
         "| config | started | block | hash block | max batched tokens | settings |", "|---|---|---|---|---|---|",
     ]
@@ -414,11 +478,25 @@ def report(result: dict) -> str:
         r = c.get("resolved") or {}
         lines.append(f"| {name} | {c['started']} {c.get('start_error') or ''} | {r.get('block_size')} | "
                      f"{r.get('hash_block_size')} | {r.get('max_num_batched_tokens')} | `{c.get('settings')}` |")
-    lines += ["", "## Probes: the settings the workarounds avoid (each run once)", "",
-              "| probe | change | outcome | block vLLM chose | error |", "|---|---|---|---|---|", *_probe_rows(result), ""]
+    return lines
+
+
+def _probe_and_dtype_sections(result: dict) -> list[str]:
+    """The probes of the settings the workarounds avoid, and our float32/bfloat16 check."""
+    lines = ["", "## Probes: the settings the workarounds avoid (each run once)", "",
+             "| probe | change | outcome | block vLLM chose | error |", "|---|---|---|---|---|", *_probe_rows(result), ""]
     d = result.get("our_dtype_check")
     if d:
         lines += [f"Our dtype check (cold {d['tokens']}-token prompt, same checkpoint): float32 "
                   f"{_s(d['float32_cold_s'])}, bfloat16 {_s(d['bfloat16_cold_s'])}: our torch CPU path is not fast "
                   "in bf16, so both systems run float32 (vLLM's CPU build supports float32).", ""]
+    return lines
+
+
+def report(result: dict) -> str:
+    """README.md: every table and the settings, from the JSON."""
+    systems = series(result)
+    lines = [*_header_lines(result), *_scenario_sections(result, systems), *_agreement_and_goal_sections(result),
+             *_state_memory_section(result, systems), *_vllm_settings_section(result["systems"]["vllm"]),
+             *_probe_and_dtype_sections(result)]
     return "\n".join(lines) + "\n"

@@ -40,8 +40,8 @@ import torch
 from experiments.peer_vllm import report as peer_vllm_report
 from experiments.common.flags import add_model_flags, add_replot_flag, int_in_range, name_list, new_parser
 from experiments.common.inputs import InputError, fail_on_input_error, read_json
-from experiments.common.outputs import RESULTS, add_out_flags, beside_record, check_writable, precheck_out, report_written, \
-    resolve_out, writes_record
+from experiments.common.outputs import (RESULTS, add_out_flags, beside_record, check_writable, precheck_out,
+                                        report_written, resolve_out, writes_record)
 from experiments.common.results_io import environment, log, write_json
 from experiments.common.runs import build_model, machine_load, model_summary, random_prompt, serve, set_threads
 from experiments.workloads import open_workload

@@ -19,10 +19,11 @@ import argparse
 from experiments.common.flags import (add_policy_flag, add_prefill_budget_flag, int_in_range, model_name, new_parser,
                                require_block_of_budget)
 from experiments.common.inputs import InputError, fail_on_input_error, read_json
-from experiments.common.outputs import add_out_flags, beside_record, record_folder, report_written, resolve_out, writes_record
+from experiments.common.outputs import (add_out_flags, beside_record, record_folder, report_written, resolve_out,
+                                        writes_record)
 from experiments.common.results_io import environment, log, write_json
-from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, cold_record, dense_serve, model_config, random_prompt, serve,
-                              warm_record)
+from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, cold_record, dense_serve, model_config, random_prompt,
+                                     serve, warm_record)
 from model.engine import Engine, ModelShape
 
 

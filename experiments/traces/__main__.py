@@ -20,8 +20,8 @@ from experiments.common import sweep_parts
 from experiments.common.flags import (add_limit_flag, add_policy_list_flag, add_prefill_budget_flag, add_replot_flag,
                                float_in_range, int_in_range, name_list, new_parser, shard_spec)
 from experiments.common.inputs import InputError, fail_on_input_error, read_json, require_extra
-from experiments.common.outputs import RESULTS, add_out_flags, beside_record, check_writable, precheck_out, report_written, \
-    resolve_out, writes_record
+from experiments.common.outputs import (RESULTS, add_out_flags, beside_record, check_writable, precheck_out,
+                                        report_written, resolve_out, writes_record)
 from experiments.common.results_io import environment, log, write_json, write_text
 from experiments.traces.cost import SHAPES, ShapeCost
 from experiments.traces.goals import check as check_goals, markdown as goal_table

@@ -41,13 +41,14 @@ from pathlib import Path
 
 import torch
 
-from experiments.common.flags import (add_model_flags, add_prefill_budget_flag, add_replot_flag, int_in_range, new_parser,
-                               require_block_of_budget)
+from experiments.common.flags import (add_model_flags, add_prefill_budget_flag, add_replot_flag, int_in_range,
+                                      new_parser, require_block_of_budget)
 from experiments.common.inputs import InputError, fail_on_input_error, read_json
-from experiments.common.outputs import abandon, add_out_flags, beside_record, record_folder, report_written, resolve_out, writes_record
+from experiments.common.outputs import (add_out_flags, beside_record, record_folder, report_written, resolve_out,
+                                        writes_record)
 from experiments.common.progress import Progress
 from experiments.common.results_io import environment, log, write_json, write_text
-from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, ModelLoadError, build_model, cold_record, dense_serve,
+from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, build_model_or_exit, cold_record, dense_serve,
                               machine_load, max_abs_diff, model_summary, random_prompt, serve,
                               set_threads, warm_record, warm_up)
 from experiments.warm_restore.report import BASELINE, compared, plot, ratio_key, report
@@ -296,11 +297,8 @@ def main(argv=None) -> int:
     log(f"writing to {out}")
     set_threads(args.threads)
     torch.manual_seed(args.seed)
-    try:
-        model = build_model(args.model, args.device, args.seed, args.dtype, args.backend)
-    except ModelLoadError as e:
-        abandon(out)
-        ap.error(f"argument --model: {e}")
+    model = build_model_or_exit(ap, out, args.model, device=args.device, seed=args.seed, dtype=args.dtype,
+                                backend=args.backend)
     warm_up(model)
     result = measure(model, args)
     written = [write_json(out / JSON_NAME, result), *draw(result, out)]

@@ -49,74 +49,100 @@ class JsonArrayStream:
             yield from self._items(self.source)
 
     def _items(self, f: BinaryIO) -> Iterator[Any]:
-        decoder = json.JSONDecoder()
-        utf8 = codecs.getincrementaldecoder("utf-8")()  # a chunk may end inside a character
-        buf, pos, consumed, eof = "", 0, 0, False  # consumed: characters dropped from buf's front
-
-        def more() -> bool:
-            nonlocal buf, pos, consumed, eof
-            if eof:
-                return False
-            chunk = f.read(self.chunk_bytes)
-            if not chunk:
-                eof = True  # bytes of a character cut by the end stay in `utf8`: they are the cut
-                return False
-            consumed += pos
-            buf = buf[pos:] + utf8.decode(chunk)
-            pos = 0
-            return True
-
-        def skip_whitespace() -> bool:
-            """Advance past whitespace; False when the data ends first."""
-            nonlocal pos
-            while True:
-                while pos < len(buf) and buf[pos] in _WHITESPACE:
-                    pos += 1
-                if pos < len(buf) or not more():
-                    return pos < len(buf)
-
-        def fail(what: str):
-            raise ValueError(f"{self.name}: {what} at character {consumed + pos}")
-
-        if not skip_whitespace():
-            fail("empty file, expected a JSON array")
-        if buf[pos] != "[":
-            fail(f"expected '[' (a JSON array), got {buf[pos]!r}")
-        pos += 1
+        """The array's items, read from `f` one chunk at a time."""
+        text = _Text(f, self.chunk_bytes, self.name)
+        self._open_array(text)
         first = True
         while True:
-            if not skip_whitespace():
-                return self._cut(fail)
-            if buf[pos] == "]":
+            if not text.skip_whitespace():
+                return self._cut(text.fail)
+            if text.buf[text.pos] == "]":
                 return
             if not first:
-                if buf[pos] != ",":
-                    fail(f"expected ',' or ']' after item {self.items_read}, got {buf[pos]!r}")
-                pos += 1
-                if not skip_whitespace():
-                    return self._cut(fail)
-            while True:
-                try:
-                    item, end = decoder.raw_decode(buf, pos)
-                except json.JSONDecodeError as err:
-                    if more():
-                        continue  # the item runs past the buffer: read on and parse it again
-                    if not _stops_at_end(err, buf):
-                        pos = err.pos
-                        fail(f"malformed item {self.items_read} ({err.msg})")
-                    return self._cut(fail)
-                if end == len(buf) and not isinstance(item, (dict, list)) and more():
-                    continue  # a bare number or literal may go on in the next chunk
-                break
-            pos = end
+                if text.buf[text.pos] != ",":
+                    text.fail(f"expected ',' or ']' after item {self.items_read}, got {text.buf[text.pos]!r}")
+                text.pos += 1
+                if not text.skip_whitespace():
+                    return self._cut(text.fail)
+            item = self._next_item(text)
+            if item is _CUT:
+                return
             first = False
             self.items_read += 1
             yield item
 
+    @staticmethod
+    def _open_array(text: _Text) -> None:
+        """Step past the array's opening `[` (after any whitespace); anything else fails."""
+        if not text.skip_whitespace():
+            text.fail("empty file, expected a JSON array")
+        if text.buf[text.pos] != "[":
+            text.fail(f"expected '[' (a JSON array), got {text.buf[text.pos]!r}")
+        text.pos += 1
+
+    def _next_item(self, text: _Text) -> Any:
+        """Parse the item at the position, reading on while it runs past the buffer; `_CUT` when the
+        data stops inside it (and that is allowed)."""
+        while True:
+            try:
+                item, end = text.decoder.raw_decode(text.buf, text.pos)
+            except json.JSONDecodeError as err:
+                if text.more():
+                    continue  # the item runs past the buffer: read on and parse it again
+                if not _stops_at_end(err, text.buf):
+                    text.pos = err.pos
+                    text.fail(f"malformed item {self.items_read} ({err.msg})")
+                self._cut(text.fail)
+                return _CUT
+            if end == len(text.buf) and not isinstance(item, (dict, list)) and text.more():
+                continue  # a bare number or literal may go on in the next chunk
+            text.pos = end
+            return item
+
     def _cut(self, fail) -> None:
+        """The data stopped before the closing `]`: `fail`, unless a cut array is allowed (`truncated`)."""
         if not self.allow_truncated:
             fail(f"the array ends before its closing ']' after {self.items_read} items")
         self.truncated = True
+
+
+_CUT = object()  # `_next_item`: the data stopped inside the item
+
+
+class _Text:
+    """The text of a binary file decoded so far (`buf`, one chunk or a little more) and a position in
+    it (`pos`); `consumed` counts the characters already dropped from the front of `buf`."""
+
+    def __init__(self, f: BinaryIO, chunk_bytes: int, name: str):
+        self.f, self.chunk_bytes, self.name = f, chunk_bytes, name
+        self.decoder = json.JSONDecoder()
+        self.utf8 = codecs.getincrementaldecoder("utf-8")()  # a chunk may end inside a character
+        self.buf, self.pos, self.consumed, self.eof = "", 0, 0, False
+
+    def more(self) -> bool:
+        """Read the next chunk onto `buf` (dropping what lies before `pos`); False at the end of the data."""
+        if self.eof:
+            return False
+        chunk = self.f.read(self.chunk_bytes)
+        if not chunk:
+            self.eof = True  # bytes of a character cut by the end stay in `utf8`: they are the cut
+            return False
+        self.consumed += self.pos
+        self.buf = self.buf[self.pos:] + self.utf8.decode(chunk)
+        self.pos = 0
+        return True
+
+    def skip_whitespace(self) -> bool:
+        """Advance past whitespace; False when the data ends first."""
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in _WHITESPACE:
+                self.pos += 1
+            if self.pos < len(self.buf) or not self.more():
+                return self.pos < len(self.buf)
+
+    def fail(self, what: str):
+        """Raise ValueError naming the file and the character offset of the position."""
+        raise ValueError(f"{self.name}: {what} at character {self.consumed + self.pos}")
 
 
 def _stops_at_end(err: json.JSONDecodeError, buf: str) -> bool:

@@ -8,8 +8,8 @@ from typing import Any
 
 from kernels.checks import require
 from model.config import HybridConfig
-from model.families.base import (Family, FeedForward, mamba_hf_fields, parse_int, parse_time_step_limit,
-                                 reject_unknown_fields, require_model_type)
+from model.families.base import (Family, FeedForward, mamba_hf_fields, parse_int, parse_mamba_d_head,
+                                 parse_time_step_limit, reject_unknown_fields, require_model_type)
 from model.mlp import SwiGLU
 
 MODEL_TYPE = "bamba"
@@ -28,8 +28,8 @@ _READ = frozenset({
 _INERT = frozenset({"z_loss_coefficient", "num_logits_to_keep", "mamba_dt_rank", "use_mamba_kernels"})
 
 
-def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
-    """Map an HF Bamba `config.json` dict; unsupported fields or values raise naming the field."""
+def _check_supported(hf: dict[str, Any]) -> None:
+    """Refuse another model type, unknown fields, and activations, quantization or RoPE scaling we lack."""
     require_model_type(hf, MODEL_TYPE)
     reject_unknown_fields(hf, _READ, _INERT, "Bamba")
     require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
@@ -37,8 +37,11 @@ def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
     require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
     require(hf.get("rope_scaling") is None, "rope_scaling", f"only plain RoPE is implemented, got {hf.get('rope_scaling')}")
 
-    # RoPE: transformers v5 keeps `rope_parameters`; v4 files carry a top-level rope_theta.
-    # Both versions hardcode partial_rotary_factor = 0.5 unless rope_parameters says otherwise.
+
+def _rope(hf: dict[str, Any]) -> tuple[float, float]:
+    """(partial_rotary_factor, rope_theta). transformers v5 keeps `rope_parameters`; v4 files carry a
+    top-level rope_theta. Both versions hardcode partial_rotary_factor = 0.5 unless rope_parameters
+    says otherwise."""
     rope = hf.get("rope_parameters") or {}
     require(rope.get("rope_type", rope.get("type", "default")) == "default", "rope_parameters.rope_type",
             f"only 'default' RoPE is implemented, got {rope.get('rope_type', rope.get('type'))!r}")
@@ -48,9 +51,20 @@ def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
     top_partial = hf.get("partial_rotary_factor", 0.5)
     require(top_partial == 0.5, "partial_rotary_factor", "transformers' Bamba ignores a top-level value and uses "
             f"0.5; put another value in rope_parameters (got {top_partial})")
-    partial = float(rope.get("partial_rotary_factor", 0.5))
-    rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    return float(rope.get("partial_rotary_factor", 0.5)), float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
 
+
+def _check_rotary_emb(hf: dict[str, Any], rotary_dim: int) -> None:
+    """`attn_rotary_emb`, written by the original Bamba conversion, must agree with the rotary dim."""
+    if "attn_rotary_emb" in hf:
+        require(int(hf["attn_rotary_emb"]) == rotary_dim, "attn_rotary_emb",
+                f"{hf['attn_rotary_emb']} disagrees with head_dim * partial_rotary_factor = {rotary_dim}")
+
+
+def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
+    """Map an HF Bamba `config.json` dict; unsupported fields or values raise naming the field."""
+    _check_supported(hf)
+    partial, rope_theta = _rope(hf)
     d = HybridConfig()  # transformers' defaults for absent fields
     hidden = int(hf.get("hidden_size", d.hidden_size))
     heads = int(hf.get("num_attention_heads", d.num_attention_heads))
@@ -58,15 +72,8 @@ def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
     head_dim = int(hf.get("head_dim") or hidden // heads)
     expand = parse_int(hf, "mamba_expand", d.mamba_expand)
     m_heads = int(hf.get("mamba_n_heads", d.mamba_n_heads))
-    d_head = hf.get("mamba_d_head", "auto")
-    d_head = expand * hidden // m_heads if d_head in ("auto", None) else int(d_head)
-    require(m_heads * d_head == expand * hidden, "mamba_d_head",
-            f"mamba_n_heads * mamba_d_head = {m_heads * d_head} must equal mamba_expand * hidden_size = "
-            f"{expand * hidden}")
-    rotary_dim = int(head_dim * partial)
-    if "attn_rotary_emb" in hf:  # written by the original Bamba conversion; must agree with the rotary dim
-        require(int(hf["attn_rotary_emb"]) == rotary_dim, "attn_rotary_emb",
-                f"{hf['attn_rotary_emb']} disagrees with head_dim * partial_rotary_factor = {rotary_dim}")
+    d_head = parse_mamba_d_head(hf, expand, hidden, m_heads)
+    _check_rotary_emb(hf, int(head_dim * partial))
     return HybridConfig(
         model_type=MODEL_TYPE,
         vocab_size=int(hf.get("vocab_size", d.vocab_size)),

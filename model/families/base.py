@@ -64,6 +64,10 @@ def routed_feed_forward(c: HybridConfig, dense: int, matrices_per_expert: int) -
 
 @dataclasses.dataclass(frozen=True)
 class Family:
+    """Everything one model family knows: its config.json mapping both ways, its feed-forward module and
+    that module's cost, its checkpoint tensor names and its presets. One instance per family module
+    (`FAMILY`), listed once in the registry (`model.families`)."""
+
     model_type: str  # transformers' `model_type` in config.json
     config_from_hf: Callable[[dict[str, Any]], HybridConfig]
     config_to_hf: Callable[[HybridConfig], dict[str, Any]]
@@ -117,6 +121,16 @@ def parse_int(hf: dict[str, Any], name: str, default) -> int:
     require(isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer(), name,
             f"must be an integer, got {value!r}")
     return int(value)
+
+
+def parse_mamba_d_head(hf: dict[str, Any], expand: int, hidden: int, m_heads: int) -> int:
+    """`mamba_d_head` ("auto" or absent: expand * hidden / heads); the heads must span expand * hidden."""
+    d_head = hf.get("mamba_d_head", "auto")
+    d_head = expand * hidden // m_heads if d_head in ("auto", None) else int(d_head)
+    require(m_heads * d_head == expand * hidden, "mamba_d_head",
+            f"mamba_n_heads * mamba_d_head = {m_heads * d_head} must equal mamba_expand * hidden_size = "
+            f"{expand * hidden}")
+    return d_head
 
 
 def mamba_hf_fields(c: HybridConfig) -> dict[str, Any]:

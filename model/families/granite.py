@@ -21,8 +21,9 @@ from torch import nn
 
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
-from model.families.base import (Family, FeedForward, mamba_hf_fields, parse_int, parse_time_step_limit,
-                                 reject_unknown_fields, require_model_type, routed_feed_forward)
+from model.families.base import (Family, FeedForward, mamba_hf_fields, parse_int, parse_mamba_d_head,
+                                 parse_time_step_limit, reject_unknown_fields, require_model_type,
+                                 routed_feed_forward)
 from model.mlp import FusedSwiGLU
 from model.moe import SparseMoE
 
@@ -84,33 +85,39 @@ def _rope(hf: dict[str, Any]) -> tuple[str, float]:
     return "rope", theta
 
 
-def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
-    """Map a GraniteMoeHybrid `config.json` dict; unsupported fields or values raise naming the field."""
+def _check_supported(hf: dict[str, Any]) -> None:
+    """Refuse another model type, unknown fields, and activations, quantization or norms we lack."""
     require_model_type(hf, MODEL_TYPE)
     reject_unknown_fields(hf, _READ, _INERT, "GraniteMoeHybrid")
-    get = {k: hf.get(k, v) for k, v in _DEFAULTS.items()}
     require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
             f"only 'silu' is implemented (SwiGLU and the conv activation), got {hf.get('hidden_act')!r}")
     require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
     require(hf.get("normalization_function", "rmsnorm") == "rmsnorm", "normalization_function",
             f"only 'rmsnorm' is implemented, got {hf.get('normalization_function')!r}")
+
+
+def _moe(hf: dict[str, Any], get: dict[str, Any]) -> MoEConfig | None:
+    """The routed experts beside the shared MLP; None for a dense model (num_local_experts 0)."""
+    experts = parse_int(hf, "num_local_experts", get["num_local_experts"])
+    require(experts >= 0, "num_local_experts", f"must be >= 0 (0: dense), got {experts}")
+    if experts == 0:
+        return None
+    return MoEConfig(num_experts=experts, top_k=parse_int(hf, "num_experts_per_tok", get["num_experts_per_tok"]),
+                     intermediate_size=parse_int(hf, "intermediate_size", get["intermediate_size"]))
+
+
+def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
+    """Map a GraniteMoeHybrid `config.json` dict; unsupported fields or values raise naming the field."""
+    _check_supported(hf)
+    get = {k: hf.get(k, v) for k, v in _DEFAULTS.items()}
     position, theta = _rope(hf)
     hidden, heads = parse_int(hf, "hidden_size", get["hidden_size"]), parse_int(hf, "num_attention_heads",
                                                                                get["num_attention_heads"])
     kv_heads = hf.get("num_key_value_heads")
     expand = parse_int(hf, "mamba_expand", get["mamba_expand"])
     m_heads = parse_int(hf, "mamba_n_heads", get["mamba_n_heads"])
-    d_head = hf.get("mamba_d_head", "auto")
-    d_head = expand * hidden // m_heads if d_head in ("auto", None) else int(d_head)
-    require(m_heads * d_head == expand * hidden, "mamba_d_head",
-            f"mamba_n_heads * mamba_d_head = {m_heads * d_head} must equal mamba_expand * hidden_size = "
-            f"{expand * hidden}")
-    experts = parse_int(hf, "num_local_experts", get["num_local_experts"])
-    require(experts >= 0, "num_local_experts", f"must be >= 0 (0: dense), got {experts}")
-    moe = None
-    if experts > 0:
-        moe = MoEConfig(num_experts=experts, top_k=parse_int(hf, "num_experts_per_tok", get["num_experts_per_tok"]),
-                        intermediate_size=parse_int(hf, "intermediate_size", get["intermediate_size"]))
+    d_head = parse_mamba_d_head(hf, expand, hidden, m_heads)
+    moe = _moe(hf, get)
     num_layers = parse_int(hf, "num_hidden_layers", get["num_hidden_layers"])
     return HybridConfig(
         model_type=MODEL_TYPE,

@@ -1,10 +1,10 @@
-"""How many checkpoints per sequence a trace needs: the Sparse Prefix Caching dynamic program
+"""How many snapshots per sequence a trace needs: the Sparse Prefix Caching dynamic program
 (`planner.snapshot_dp`) against fixed placements, offline and static.
 
 Every request of the trace that a later request matches (its *owner*, `oracle.optimum_matches`:
 the first sequence, prompt + reply but its last token (what its KV holds), that had the matched
-prefix, at the engine's 16-token KV block, with an unbounded KV cache) gets at most M checkpoints. Each later match restores at the
-deepest checkpoint at or below it. Restored tokens are reported against the matched tokens (the
+prefix, at the engine's 16-token KV block, with an unbounded KV cache) gets at most M snapshots. Each later match restores at the
+deepest snapshot at or below it. Restored tokens are reported against the matched tokens (the
 most any placement restores). Placements, all given the owners (which no online policy knows):
 
 * `dp`: the exact optimum for M per owner over its known match depths and counts (`dp-all`: M =
@@ -17,8 +17,8 @@ most any placement restores). Placements, all given the owners (which no online 
 Static: no memory budget over time, no KV eviction, no timing (the simulator has those); this is
 the SPC paper's setting, one sequence at a time with its overlap depths known.
 
-    python -m experiments.traces.checkpoint_budget --trace mooncake-conversation --reading as-given,chains \\
-        --out results/traces/checkpoint-budget-mooncake-whole      # default: runs/traces/checkpoint-budget/<time>/
+    python -m experiments.traces.snapshot_budget --trace mooncake-conversation --reading as-given,chains \\
+        --out results/traces/snapshot-budget-mooncake-whole      # default: runs/traces/snapshot-budget/<time>/
 """
 
 from __future__ import annotations
@@ -65,23 +65,23 @@ def grid(length: int, spacing: int, block_size: int) -> list[int]:
 def curve(requests: Sequence[WorkloadRequest], block_size: int = 16, ms: Sequence[int] = MS,
           grids: Sequence[int] = GRIDS) -> list[dict]:
     """One row per (placement, M): restored tokens, their share of the matched tokens, mean
-    checkpoints per owner."""
+    snapshots per owner."""
     depths, length = owner_depths(requests, block_size)
     matched = sum(d * w for ds, ws in depths.values() for d, w in zip(ds, ws))
     owners = len(depths)
     rows = []
 
-    def row(placement: str, m: float | None, checkpoints_of) -> None:
-        """Every owner's checkpoints from `checkpoints_of(owner)`; `m` None: their mean count."""
-        restored = checkpoints = 0
+    def row(placement: str, m: float | None, snapshots_of) -> None:
+        """Every owner's snapshots from `snapshots_of(owner)`; `m` None: their mean count."""
+        restored = snapshots = 0
         for o, (ds, ws) in depths.items():
-            pos = checkpoints_of(o)
-            restored, checkpoints = restored + restored_tokens(ds, ws, pos), checkpoints + len(pos)
-        per_owner = checkpoints / owners if owners else 0.0
+            pos = snapshots_of(o)
+            restored, snapshots = restored + restored_tokens(ds, ws, pos), snapshots + len(pos)
+        per_owner = snapshots / owners if owners else 0.0
         rows.append({"placement": placement, "m": round(per_owner, 2) if m is None else m,
                      "restored_tokens": int(restored), "matched_tokens": matched,
                      "restored_share": restored / matched if matched else 0.0, "owners": owners,
-                     "checkpoints_per_owner": per_owner})
+                     "snapshots_per_owner": per_owner})
 
     most = max((len(ds) for ds, _ in depths.values()), default=0)  # dp-all: every depth, all matched
     for name, m in (*(("dp", m) for m in ms if m < most), ("dp-all", most)):
@@ -102,7 +102,7 @@ def plot(rows: list[dict], out: Path, title: str) -> Path:
     for n, reading in enumerate(readings):
         rs = [r for r in rows if r["reading"] == reading]
         for placement, ls in (("dp", "-"), ("uniform", "--"), ("grid", ":")):
-            pts = sorted((r["checkpoints_per_owner"], r["restored_share"]) for r in rs
+            pts = sorted((r["snapshots_per_owner"], r["restored_share"]) for r in rs
                          if r["placement"].startswith(placement))
             label = {"grid": "grid 8192..512 (ours-plus's: 2048)", "dp": "dp (the optimum for M)"}.get(placement,
                                                                                                       placement)
@@ -110,17 +110,17 @@ def plot(rows: list[dict], out: Path, title: str) -> Path:
             ax.plot(*zip(*pts), **fs.line(placement, linestyle=ls), ms=8 - 3 * n, mfc="none" if n else None,
                     label=f"{label} ({reading})")
     ax.set_xscale("log")
-    ax.set_xlabel("checkpoints per reused sequence (mean)")
+    ax.set_xlabel("snapshots per reused sequence (mean)")
     ax.set_ylabel("restored / matched tokens")
     ax.grid(alpha=0.3, which="both")
     fs.legend_outside(ax)
     block = {r.get("block_size") for r in rows} - {None}
     fs.title(fig, title, workload=f"{rows[0]['trace']} ({', '.join(readings)} reading)" if rows else None,
              requests=rows[0]["requests"] if rows else None,
-             budget="none over time (M checkpoints per reused sequence)",
+             budget="none over time (M snapshots per reused sequence)",
              extra=["offline and static: token counts, no model, no timing, not simulated"]
              + ([f"KV block {block.pop()}"] if len(block) == 1 else []))
-    return fs.save(fig, out / "checkpoints_per_sequence.png")
+    return fs.save(fig, out / "snapshots_per_sequence.png")
 
 
 def replot(out: Path) -> Path:
@@ -128,26 +128,26 @@ def replot(out: Path) -> Path:
     from experiments.common.inputs import InputError, read_json
 
     path = Path(out) / "curve.json"
-    data = read_json(path, ("config", "rows"), what="a checkpoint-budget curve")
+    data = read_json(path, ("config", "rows"), what="a snapshot-budget curve")
     rows = data["rows"]
     try:
-        title = f"{data['config']['trace']}, {rows[0]['requests']} requests: checkpoints per sequence"
+        title = f"{data['config']['trace']}, {rows[0]['requests']} requests: snapshots per sequence"
         return plot(rows, Path(out), title)
     except (KeyError, TypeError, ValueError, IndexError) as err:
-        raise InputError(f"{path}: not a checkpoint-budget curve ({type(err).__name__}: {err})") from None
+        raise InputError(f"{path}: not a snapshot-budget curve ({type(err).__name__}: {err})") from None
 
 
 def parser():
     from experiments.common.flags import add_limit_flag, add_replot_flag, int_in_range, new_parser
     from experiments.common.outputs import add_out_flags
 
-    ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.traces.checkpoint_budget")
+    ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.traces.snapshot_budget")
     ap.add_argument("--trace", choices=list(WORKLOADS), default=None, help="the workload (required unless --replot)")
     ap.add_argument("--reading", type=name_list(READINGS), default=None,
                     help=f"comma-separated, of {', '.join(READINGS)} (absent: the trace's)")
     add_limit_flag(ap, None)
-    ap.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size (checkpoint grid)")
-    add_out_flags(ap, "traces/checkpoint-budget")
+    ap.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size (snapshot grid)")
+    add_out_flags(ap, "traces/snapshot-budget")
     add_replot_flag(ap)
     ap.add_argument("--no-plots", action="store_true", help="write the data only")
     return ap
@@ -179,7 +179,7 @@ def _main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.publish:
         ap.error("argument --publish: the record folder depends on the trace; name it: "
-                 "--out results/traces/checkpoint-budget-<trace>")
+                 "--out results/traces/snapshot-budget-<trace>")
     if args.replot:
         resolve_out(ap, args, reading="--replot")
         report_written([replot(args.out)])

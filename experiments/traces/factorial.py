@@ -1,0 +1,238 @@
+"""The placement x eviction factorial under snapshot budgets, with and without a host tier (simulated).
+
+    python -m experiments.traces.factorial --trace mooncake-conversation --reading chains --limit 1000 \\
+        --budget-gb 0.25,4 --host-gb 0,256 --out results/traces/factorial-mooncake-1000
+
+Every placement policy runs with every eviction in every (device budget, host tier) cell, through
+the same simulator as `python -m experiments.traces` (`sweep.measure_point`: the real engine on the
+model-free runner, the cost model's clock); the offline optimum (Belady's MIN over the device, its
+demotions to the host included) is each cell's reference. Each point's row is appended to
+`points.jsonl` as it finishes, so `--resume` after a kill runs only what is missing.
+
+The question (issue 20): does `ours-plus` with its own eviction restore at least as many tokens
+as every (placement, eviction) pair in every cell? `factorial.md` answers it per cell, with the
+best pair and the ratio; `factorial.png` draws restored tokens per pair, one panel per cell.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+from experiments.common.flags import float_in_range, int_in_range, name_list, new_parser
+from experiments.common.inputs import InputError, fail_on_input_error, read_text
+from experiments.common.outputs import add_out_flags, report_written, resolve_out
+from experiments.common.progress import Progress
+from experiments.common.results_io import environment, log, write_csv, write_json, write_text
+from experiments.traces.sweep import budget_text, measure_point
+from experiments.workloads import READINGS, WORKLOADS
+from planner.eviction import EVICTION_POLICIES
+from planner.policies.registry import POLICIES, get_policy
+
+RECORD = "traces/factorial"
+PLACEMENTS = ("vllm-align", "vllm-junction", "sglang", "trtllm", "marconi", "ollama", "ours-plus")
+REFERENCE = "optimum"
+KEEP = ("ssm_hit_tokens", "kv_hit_tokens", "replayed_tokens", "ttft_s_p50", "ttft_s_p99", "snapshots_saved",
+        "snapshots_evicted", "snapshots_demoted", "snapshot_bytes_demoted", "snapshots_promoted",
+        "snapshot_bytes_promoted", "restore_transfer_s", "requests", "prompt_tokens", "wall_s")
+
+
+def cells(args) -> list[tuple[float, float]]:
+    return [(b, h) for h in args.host_gb for b in args.budget_gb]
+
+
+def points(args) -> list[dict]:
+    """Every (placement, eviction) in every cell (each placement with its own eviction too, listed
+    or not: the verdict needs ours-plus's), then the optimum per cell."""
+    pairs = [(p, e) for p in args.policy for e in args.eviction]
+    pairs += [(p, get_policy(p).eviction) for p in args.policy if get_policy(p).eviction not in args.eviction]
+    out = [{"policy": p, "eviction": e, "budget_gb": b, "host_gb": h} for b, h in cells(args) for p, e in pairs]
+    return out + [{"policy": REFERENCE, "eviction": "next_use", "budget_gb": b, "host_gb": h} for b, h in cells(args)]
+
+
+def key(point: dict) -> tuple:
+    return point["policy"], point["eviction"], point["budget_gb"], point["host_gb"]
+
+
+def measure(job: tuple[dict, dict]) -> dict:
+    """One point (in a worker process): the sweep's measurement, the factorial's columns."""
+    point, base = job
+    config = dict(base, host_gb=point["host_gb"] or None)
+    if point["policy"] != REFERENCE:
+        config["eviction"] = point["eviction"]
+    row = measure_point({"trace": base["trace"], "reading": base["reading"], "policy": point["policy"],
+                         "budget_gb": point["budget_gb"]}, config)
+    return point | {k: row[k] for k in KEEP if k in row}
+
+
+def done_rows(path: Path) -> list[dict]:
+    """The rows a killed run already wrote (a torn last line is dropped)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def run(args, base: dict, out: Path) -> list[dict]:
+    path = out / "points.jsonl"
+    rows = done_rows(path) if args.resume else []
+    have = {key(r) for r in rows}
+    todo = [p for p in points(args) if key(p) not in have]
+    log(f"{len(todo)} points to run ({len(rows)} kept), {args.jobs} processes")
+    with open(path, "a" if args.resume else "w") as f, Progress(len(todo), "points", every_s=30) as progress, \
+            multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        for row in pool.imap_unordered(measure, [(p, base) for p in todo]):
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            rows.append(row)
+            progress.advance(note=f"{row['policy']}+{row['eviction']} {budget_text(row['budget_gb'])} "
+                                  f"host {row['host_gb']:g} GB: {row['ssm_hit_tokens']:,} restored")
+    return rows
+
+
+def verdicts(rows: list[dict], args) -> list[dict]:
+    """Per cell: ours-plus with its own eviction against the best other pair, and the optimum."""
+    own = get_policy("ours-plus").eviction
+    out = []
+    for b, h in cells(args):
+        cell = [r for r in rows if r["budget_gb"] == b and r["host_gb"] == h]
+        pairs = [r for r in cell if r["policy"] != REFERENCE]
+        ours = next((r for r in pairs if r["policy"] == "ours-plus" and r["eviction"] == own), None)
+        others = [r for r in pairs if not (r["policy"] == "ours-plus" and r["eviction"] == own)]
+        best = max(others, key=lambda r: r["ssm_hit_tokens"]) if others else None
+        ref = next((r for r in cell if r["policy"] == REFERENCE), None)
+        if ours is None or best is None:
+            continue
+        out.append({"budget_gb": b, "host_gb": h, "ours_plus": ours["ssm_hit_tokens"],
+                    "best_other": f"{best['policy']}+{best['eviction']}", "best_other_tokens": best["ssm_hit_tokens"],
+                    "ratio": ours["ssm_hit_tokens"] / max(best["ssm_hit_tokens"], 1),
+                    "wins": ours["ssm_hit_tokens"] >= best["ssm_hit_tokens"],
+                    "optimum": ref["ssm_hit_tokens"] if ref else None})
+    return out
+
+
+def report(rows: list[dict], args, base: dict) -> str:
+    lines = [f"# Placement x eviction factorial (simulated): {base['trace']} ({base['reading']}), "
+             f"first {base['limit']} requests, {base['shape']}", "",
+             "Restored (SSM-usable) tokens per (placement, eviction) pair; each cell a device budget with or "
+             "without a host tier (PCIe 5 x16, `planner/snapshot_tiers.py`). `ours-plus` means its placement "
+             "with its own eviction (learned_value). Simulated: cost-model clock, not measured.", "",
+             "| device | host | ours-plus (own) | best other pair | its tokens | ours / best | optimum | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for v in verdicts(rows, args):
+        lines.append(f"| {v['budget_gb']:g} GB | {v['host_gb']:g} GB | {v['ours_plus']:,} | {v['best_other']} | "
+                     f"{v['best_other_tokens']:,} | {v['ratio']:.3f} | "
+                     f"{v['optimum']:,} | {'wins' if v['wins'] else 'loses'} |")
+    lines += ["", "## Every pair", ""]
+    for b, h in cells(args):
+        cell = sorted((r for r in rows if r["budget_gb"] == b and r["host_gb"] == h),
+                      key=lambda r: -r["ssm_hit_tokens"])
+        lines += [f"### device {b:g} GB, host {h:g} GB", "",
+                  "| placement | eviction | restored tokens | TTFT p50 / p99 (s, simulated) | saved | evicted | "
+                  "demoted | promoted |", "|---|---|---|---|---|---|---|---|"]
+        for r in cell:
+            lines.append(f"| {r['policy']} | {r['eviction']} | {r['ssm_hit_tokens']:,} | {r['ttft_s_p50']:.3f} / "
+                         f"{r['ttft_s_p99']:.3f} | {r['snapshots_saved']:,} | {r['snapshots_evicted']:,} | "
+                         f"{sum(r.get('snapshots_demoted', {}).values()):,} | "
+                         f"{sum(r.get('snapshots_promoted', {}).values()):,} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], args, base: dict, path: Path) -> Path:
+    from experiments.common import figure_style as fs
+
+    plt = fs.pyplot()
+    grid = cells(args)
+    fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 4.2), sharey=False, squeeze=False)
+    for ax, (b, h) in zip(axes[0], grid):
+        cell = [r for r in rows if r["budget_gb"] == b and r["host_gb"] == h]
+        for i, p in enumerate(args.policy):
+            for j, e in enumerate(args.eviction):
+                r = next((r for r in cell if r["policy"] == p and r["eviction"] == e), None)
+                if r is not None:  # colour: the placement; marker: the eviction; side by side
+                    ax.plot(i + 0.14 * (j - (len(args.eviction) - 1) / 2), r["ssm_hit_tokens"] / 1e3,
+                            linestyle="none", color=fs.color(p), marker=fs.eviction_marker(e),
+                            markersize=10 if fs.eviction_marker(e) == "*" else 7)
+        ref = next((r for r in cell if r["policy"] == REFERENCE), None)
+        if ref is not None:
+            ax.axhline(ref["ssm_hit_tokens"] / 1e3, color=fs.color(REFERENCE), linestyle=":", linewidth=1.2)
+        top = max([r["ssm_hit_tokens"] for r in cell] or [1]) / 1e3
+        ax.set_ylim(0, top * 1.08)  # the optimum's line stays inside the axes
+        ax.set_xticks(range(len(args.policy)), args.policy, rotation=35, ha="right")
+        ax.set_title(f"device {b:g} GB, host {h:g} GB", fontsize=10)
+        ax.set_ylabel("restored tokens (thousands)")
+        ax.grid(axis="y", alpha=0.3)
+    handles = [plt.Line2D([], [], color="0.3", linestyle="none", marker=fs.eviction_marker(e), label=e)
+               for e in args.eviction]
+    handles.append(plt.Line2D([], [], color=fs.color(REFERENCE), linestyle=":", label="offline optimum (Belady)"))
+    fig.legend(handles=handles, title="eviction (marker colour: placement)", loc="upper center",
+               ncol=len(handles), bbox_to_anchor=(0.5, 0.02), fontsize=8)
+    fs.title(fig, "Placement x eviction: restored tokens per cell",
+             workload=f"{base['trace']} ({base['reading']} reading)", model=base["shape"],
+             requests=base["limit"], simulated=True)
+    return fs.save(fig, path)
+
+
+def parser():
+    ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.traces.factorial")
+    ap.add_argument("--trace", choices=list(WORKLOADS), default="mooncake-conversation", help="the workload")
+    ap.add_argument("--reading", choices=READINGS, default="chains", help="how its requests continue each other")
+    ap.add_argument("--limit", type=int_in_range(1), default=1000, help="only the first N requests")
+    ap.add_argument("--policy", type=name_list(sorted(set(POLICIES) - {REFERENCE})), default=",".join(PLACEMENTS),
+                    help="placement policies (comma list)")
+    ap.add_argument("--eviction", type=name_list(sorted(EVICTION_POLICIES)), default=",".join(sorted(EVICTION_POLICIES)),
+                    help="evictions (comma list)")
+    ap.add_argument("--budget-gb", type=lambda t: [float_in_range(0, lo_open=True)(x) for x in t.split(",")],
+                    default="0.25,4", help="device snapshot budgets in GB (comma list; finite)")
+    ap.add_argument("--host-gb", type=lambda t: [float_in_range(0)(x) for x in t.split(",")], default="0,256",
+                    help="host tiers in GB (comma list; 0: none)")
+    ap.add_argument("--model", default="bamba-9b", choices=("bamba-9b", "granite-4.0-h-small", "nemotron-h-8b"),
+                    help="the model shape of the cost model")
+    ap.add_argument("--jobs", type=int_in_range(1), default=2, help="worker processes")
+    ap.add_argument("--resume", action="store_true", help="keep the points in --out's points.jsonl; run the rest")
+    add_out_flags(ap, RECORD)
+    return ap
+
+
+@fail_on_input_error(parser)
+def main(argv=None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.resume and args.out is None:
+        ap.error("argument --resume: needs --out FOLDER (the killed run's folder)")
+    if args.resume and (args.out / "points.jsonl").exists():
+        read_text(args.out / "points.jsonl", "a factorial's points.jsonl")
+    out = resolve_out(ap, args)
+    base = {"trace": args.trace, "reading": args.reading, "limit": args.limit, "shape": args.model,
+            "prefill_budget": 8192, "max_batch_size": 64, "kv_pool_gb": 60.0, "time_scale": 1.0, "trace_file": None}
+    t0 = time.time()
+    rows = run(args, base, out)
+    rows.sort(key=lambda r: (r["host_gb"], r["budget_gb"], r["policy"], r["eviction"]))
+    config = base | {"policies": args.policy, "evictions": args.eviction, "budget_gb": args.budget_gb,
+                     "host_gb": args.host_gb}
+    written = [write_json(out / "factorial.json", {"simulated": True, "config": config, **environment(),
+                                                   "verdicts": verdicts(rows, args), "rows": rows,
+                                                   "points_wall_s": sum(r.get("wall_s", 0.0) for r in rows),
+                                                   "invocation_wall_s": time.time() - t0}),
+               write_csv(out / "factorial.csv", [{k: json.dumps(v) if isinstance(v, dict) else v
+                                                   for k, v in r.items()} for r in rows]),
+               write_text(out / "factorial.md", report(rows, args, base)),
+               plot(rows, args, base, out / "factorial.png"), out / "points.jsonl"]
+    for v in verdicts(rows, args):
+        log(f"device {v['budget_gb']:g} GB host {v['host_gb']:g} GB: ours-plus {v['ours_plus']:,} vs best other "
+            f"{v['best_other']} {v['best_other_tokens']:,} ({v['ratio']:.3f}x)")
+    report_written(written)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The placement x eviction factorial (experiments/traces/factorial.py): which points it runs, the
+per-cell verdict, that a run writes its files and resumes, and its bad inputs."""
+
+import json
+
+import pytest
+
+from experiments.common import outputs
+from experiments.traces import factorial
+
+
+class Args:
+    policy = ["marconi", "ours-plus"]
+    eviction = ["lru", "learned_value"]
+    budget_gb = [0.25, 4.0]
+    host_gb = [0.0, 256.0]
+
+
+def test_every_pair_in_every_cell_then_the_optimum_per_cell():
+    pts = factorial.points(Args)
+    # marconi's own eviction (flop_aware) joins the listed two; ours-plus's (learned_value) is listed
+    assert len(pts) == (2 * 2 + 1) * 4 + 4  # pairs x cells, plus one optimum per cell
+    assert sum(p["eviction"] == "flop_aware" for p in pts) == 4
+    assert {(p["budget_gb"], p["host_gb"]) for p in pts} == {(0.25, 0.0), (4.0, 0.0), (0.25, 256.0), (4.0, 256.0)}
+    assert [p["policy"] for p in pts[-4:]] == ["optimum"] * 4 and len({factorial.key(p) for p in pts}) == len(pts)
+
+
+def row(policy, eviction, tokens, budget=0.25, host=0.0):
+    return {"policy": policy, "eviction": eviction, "budget_gb": budget, "host_gb": host, "ssm_hit_tokens": tokens}
+
+
+def test_the_verdict_compares_ours_plus_own_eviction_with_the_best_other_pair():
+    class One(Args):
+        budget_gb, host_gb = [0.25], [0.0]
+
+    rows = [row("ours-plus", "learned_value", 900), row("ours-plus", "lru", 1000), row("marconi", "lru", 950),
+            row("marconi", "learned_value", 10), row("optimum", "next_use", 2000)]
+    (v,) = factorial.verdicts(rows, One)
+    # ours-plus's own eviction is learned_value (900); the best other pair is its own placement with lru
+    assert (v["ours_plus"], v["best_other"], v["best_other_tokens"]) == (900, "ours-plus+lru", 1000)
+    assert v["ratio"] == pytest.approx(0.9) and not v["wins"] and v["optimum"] == 2000
+    rows[0]["ssm_hit_tokens"] = 1000  # a tie counts as a win: at least as many
+    assert factorial.verdicts(rows, One)[0]["wins"]
+
+
+def test_a_small_run_writes_its_files_and_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(outputs, "RUNS", tmp_path / "runs")
+    out = tmp_path / "f"
+    argv = ["--trace", "synthetic", "--limit", "40", "--policy", "marconi,ours-plus", "--eviction", "lru,seglen",
+            "--budget-gb", "0.2", "--host-gb", "0,64", "--jobs", "1", "--out", str(out)]
+    assert factorial.main(argv) == 0
+    data = json.loads((out / "factorial.json").read_text())
+    # 2 placements x 2 evictions, + each placement's own (marconi flop_aware, ours-plus learned_value), x 2 cells
+    assert len(data["rows"]) == (2 * 2 + 2) * 2 + 2 and data["simulated"] is True
+    assert {(v["budget_gb"], v["host_gb"]) for v in data["verdicts"]} == {(0.2, 0.0), (0.2, 64.0)}
+    assert all((out / name).is_file() for name in ("factorial.csv", "factorial.md", "factorial.png", "points.jsonl"))
+    tiered = [r for r in data["rows"] if r["host_gb"] == 64.0 and r["policy"] != "optimum"]
+    assert all(r["snapshots_evicted"] == 0 for r in tiered)  # 64 GB of host holds every demoted snapshot
+    lines = (out / "points.jsonl").read_text().splitlines()
+    (out / "points.jsonl").write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])  # killed mid-line
+    assert factorial.main(argv + ["--resume"]) == 0
+    again = json.loads((out / "factorial.json").read_text())
+    assert [r["ssm_hit_tokens"] for r in again["rows"]] == [r["ssm_hit_tokens"] for r in data["rows"]]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--resume"], "--resume"),
+    (["--budget-gb", "0"], "--budget-gb"),
+    (["--host-gb", "-1"], "--host-gb"),
+    (["--eviction", "fifo"], "--eviction"),
+    (["--policy", "optimum"], "--policy"),
+    (["--jobs", "0"], "--jobs"),
+])
+def test_bad_inputs_are_one_line(tmp_path, capsys, monkeypatch, argv, flag):
+    monkeypatch.setattr(outputs, "RUNS", tmp_path / "runs")
+    with pytest.raises(SystemExit) as exc:
+        factorial.main(["--trace", "synthetic", "--limit", "5", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err and f"argument {flag}" in err.strip().splitlines()[-1]
+    assert not (tmp_path / "runs").exists()
