@@ -23,11 +23,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
 from typing import Any, Protocol, Sequence
 
 from kernels.checks import require
 from planner.block_pool import BlockHash
-from planner.snapshot_tiers import Tier
+from planner.snapshot_tiers import SpillError, Tier
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(eq=False)
@@ -49,6 +52,7 @@ class Snapshot:
     # to find a snapshot's ancestors. None otherwise, so an unbounded store keeps no request's list.
     prefix_hashes: Sequence[BlockHash] | None = dataclasses.field(default=None, repr=False)
     tier: int = 0  # where it is held: 0 the device, i the store's i-th lower tier
+    spilled: Any = dataclasses.field(default=None, repr=False)  # its tier's spill handle (None: not written out)
 
     @property
     def key(self) -> tuple[BlockHash | None, tuple[int, ...]]:
@@ -113,6 +117,7 @@ class SnapshotStats:
     promoted: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     promoted_bytes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     restore_transfer_s: float = 0.0  # summed transfer time of restores from lower tiers
+    spill_failures: int = 0  # spilled snapshots that did not read back (dropped; the request recomputes)
 
 
 class SnapshotStore:
@@ -131,6 +136,8 @@ class SnapshotStore:
         require(len(set(names)) == len(names), "lower_tiers", f"tier names must differ, got {names}")
         require(not lower_tiers or byte_budget is not None, "lower_tiers",
                 "an unbounded device never demotes: give byte_budget or no lower tier")
+        require(all(t.spill is None for t in tuple(lower_tiers)[:-1]), "lower_tiers",
+                "only the last tier may spill its states (a spilled state never moves further down)")
         self.block_size = block_size
         self.byte_budget = byte_budget
         self.lower_tiers = tuple(lower_tiers)
@@ -186,16 +193,26 @@ class SnapshotStore:
             self._evict(snap)
             return
         self._make_room(below, snap.nbytes, now)
+        tier = self.lower_tiers[below - 1]
+        if tier.spill is not None:
+            try:
+                snap.spilled, snap.state = tier.spill.put(snap.state), None
+            except OSError as e:  # a full or unwritable disk: the snapshot leaves instead
+                LOG.warning("snapshot at %d not spilled to %s (%s): dropped", snap.position, tier.name, e)
+                self._evict(snap)
+                return
         self._bytes[snap.tier] -= snap.nbytes
         snap.tier = below
         self._bytes[below] += snap.nbytes
-        name = self.lower_tiers[below - 1].name
+        name = tier.name
         self.stats.demoted[name] += 1
         self.stats.demoted_bytes[name] += snap.nbytes
         self._tell("demoted", snap)
 
     def _promote(self, snap: Snapshot, now: int) -> None:
-        """Bring a demoted snapshot back to the device, making room there first."""
+        """Bring a demoted snapshot back to the device, making room there first (a spilled one was
+        read back and checked by `lookup`; its file is dropped)."""
+        self._drop_spill(snap)
         self._bytes[snap.tier] -= snap.nbytes
         snap.tier = 0
         self._make_room(0, snap.nbytes, now, keep=snap)
@@ -224,6 +241,7 @@ class SnapshotStore:
             self._lru.move_to_end((anchor, tail))
             self.stats.duplicates += 1
             if existing.tier:  # the state is in hand on the device: keep it there, no transfer
+                existing.state = state if existing.state is None else existing.state  # a spilled one: not read back
                 self._promote(existing, now)
             return True
         nbytes = int(state.nbytes)
@@ -256,6 +274,27 @@ class SnapshotStore:
             self._tell("demoted", snap)
         return True
 
+    def _drop_spill(self, snap: Snapshot) -> None:
+        if snap.spilled is not None:
+            self.lower_tiers[snap.tier - 1].spill.drop(snap.spilled)
+            snap.spilled = None
+
+    def _read_back(self, snap: Snapshot) -> bool:
+        """A spilled snapshot's state read back and checked (kept in `state` until promoted or dropped);
+        on failure one log line, the snapshot dropped, False: the caller looks again."""
+        if snap.spilled is None or snap.state is not None:
+            return True
+        tier = self.lower_tiers[snap.tier - 1]
+        try:
+            snap.state = tier.spill.get(snap.spilled)
+            return True
+        except SpillError as e:
+            LOG.warning("snapshot at %d in %s did not read back (%s): dropped, the request recomputes",
+                        snap.position, tier.name, e)
+            self.stats.spill_failures += 1
+            self._evict(snap)
+            return False
+
     def _tell(self, event: str, snap: Snapshot) -> None:
         observer = getattr(self.eviction, event, None)
         if observer is not None:
@@ -267,16 +306,23 @@ class SnapshotStore:
         del bucket[snap.tail]
         if not bucket:
             del self._by_anchor[snap.anchor]
+        self._drop_spill(snap)
         self._bytes[snap.tier] -= snap.nbytes
         self.stats.evicted += 1
         self.stats.evicted_bytes += snap.nbytes
         self._tell("evicted", snap)
 
     def lookup(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash]) -> Snapshot | None:
-        """The deepest snapshot at a position <= `max_position` whose prefix is `token_ids`'s prefix.
-
-        Does not count as a restore (call `mark_restored` when the state is actually used).
+        """The deepest snapshot at a position <= `max_position` whose prefix is `token_ids`'s prefix;
+        a spilled one is read back and checked first (one that fails is dropped and the next deepest
+        taken). Does not count as a restore (call `mark_restored` when the state is actually used).
         """
+        while True:
+            snap = self._deepest(token_ids, max_position, block_hashes)
+            if snap is None or self._read_back(snap):
+                return snap
+
+    def _deepest(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash]) -> Snapshot | None:
         max_position = min(max_position, len(token_ids))
         bs = self.block_size
         for full in range(min(max_position // bs, len(block_hashes)), -1, -1):

@@ -17,6 +17,7 @@ own byte budgets.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
 from kernels.checks import require
 
@@ -36,6 +37,9 @@ class Tier:
     byte_budget: int | None
     gb_per_s: float
     latency_s: float = 0.0
+    # Where its states really go (`Spill`): None keeps them as they are (the simulator, and a host tier
+    # on a machine whose "device" is host memory); the engine's disk tier writes files (model/engine/spill.py).
+    spill: Any = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         require(self.name not in ("", "device"), "name", f"a lower tier needs its own name, got {self.name!r}")
@@ -55,7 +59,25 @@ def host_tier(gb: float, gb_per_s: float = HOST_GB_PER_S, latency_s: float = HOS
     return Tier("host", int(gb * GB), gb_per_s, latency_s)
 
 
-def disk_tier(gb: float, gb_per_s: float = DISK_GB_PER_S, latency_s: float = DISK_LATENCY_S) -> Tier:
-    """A disk tier of `gb` GB (10^9 bytes)."""
+def disk_tier(gb: float, gb_per_s: float = DISK_GB_PER_S, latency_s: float = DISK_LATENCY_S,
+              spill: Any = None) -> Tier:
+    """A disk tier of `gb` GB (10^9 bytes); `spill`: where its states are written (None: kept as they are)."""
     require(gb >= 0, "disk_gb", f"must be >= 0, got {gb}")
-    return Tier("disk", int(gb * GB), gb_per_s, latency_s)
+    return Tier("disk", int(gb * GB), gb_per_s, latency_s, spill)
+
+
+class SpillError(Exception):
+    """A spilled snapshot that cannot be read back as written (missing, truncated, checksum mismatch)."""
+
+
+class Spill(Protocol):
+    """Where a tier keeps snapshot states off the device's memory (a folder of files, say)."""
+
+    def put(self, state: Any) -> Any:
+        """Write `state` out; returns the handle `get` reads it back with (with `.nbytes`)."""
+
+    def get(self, handle: Any) -> Any:
+        """The state written under `handle`, checked; SpillError when it is gone or not what was written."""
+
+    def drop(self, handle: Any) -> None:
+        """Forget `handle` (delete what it names); missing is fine."""
