@@ -78,3 +78,15 @@ def test_bad_inputs_are_one_line(tmp_path, capsys, monkeypatch, argv, flag):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "Traceback" not in err and f"argument {flag}" in err.strip().splitlines()[-1]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_window_of_the_trace():
+    """`--start N` with `--limit M`: requests N .. N + M - 1 of the trace, as the whole trace numbers them."""
+    from experiments.traces.sweep import load_requests
+
+    whole = load_requests("mooncake-conversation", "chains", 30)
+    window = load_requests("mooncake-conversation", "chains", 10, None, 20)
+    assert [r.index for r in window] == list(range(20, 30))
+    assert [(r.prompt_len, r.parent) for r in window] == [(r.prompt_len, r.parent) for r in whole[20:]]
+    assert window[0].prompt_ids() == whole[20].prompt_ids()  # a continuation keeps its ancestors' tokens
+    assert load_requests("mooncake-conversation", "chains", None, None, 12031 - 3)[0].index == 12028

@@ -82,6 +82,8 @@ def parser() -> argparse.ArgumentParser:
                     help="a disk snapshot tier below that, in GB (NVMe; 0: none)")
     ap.add_argument("--model", choices=sorted(SHAPES), default="bamba-9b", help="the model shape of the cost model")
     add_limit_flag(ap, None)
+    ap.add_argument("--start", type=int_in_range(0), default=0,
+                    help="skip the trace's first N requests (0-based): with --limit, any window of the trace")
     add_prefill_budget_flag(ap, 8192)
     ap.add_argument("--max-batch-size", type=int_in_range(1), default=64, help="batch slots (concurrent requests)")
     ap.add_argument("--kv-pool-gb", type=float_in_range(0, lo_open=True), default=60.0,
@@ -132,9 +134,9 @@ def config_of(args) -> dict:
               "trace_file": None if args.trace_file is None else str(args.trace_file)}
     if args.eviction is not None:  # only then: the sweeps without it keep their definition (and parts)
         config["eviction"] = args.eviction
-    for tier in ("host_gb", "disk_gb"):  # the same: only when asked
-        if getattr(args, tier):
-            config[tier] = getattr(args, tier)
+    for key in ("host_gb", "disk_gb", "start"):  # the same: only when asked
+        if getattr(args, key):
+            config[key] = getattr(args, key)
     return config
 
 
@@ -144,7 +146,7 @@ def check_requests(args, readings: list[str], config: dict) -> None:
     where = args.trace_file or args.trace
     for reading in readings:
         try:
-            requests = load_requests(args.trace, reading, args.limit, config["trace_file"])
+            requests = load_requests(args.trace, reading, args.limit, config["trace_file"], config.get("start", 0))
         except ModuleNotFoundError as err:  # the sharegpt source's extra
             raise InputError(str(err)) from None
         except ValueError as err:  # names file:line and the field
@@ -203,7 +205,7 @@ def finish(args, config: dict) -> list[Path]:
 def committed_like(summary: dict) -> dict | None:
     """The committed summary of the same slice (trace, limit, shape, trace file, eviction) that shares
     the most (policy, budget) cells with this one, if any."""
-    want = {k: summary["config"].get(k) for k in ("trace", "limit", "shape", "trace_file", "eviction")}
+    want = {k: summary["config"].get(k) for k in ("trace", "limit", "shape", "trace_file", "eviction", "start")}
     mine = {(p, b) for p, m in summary["policies"].items() for b in m["by_budget"]}
     best, shared = None, 0
     for path in sorted((RESULTS / RECORD).rglob("summary.json")):

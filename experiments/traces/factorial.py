@@ -120,8 +120,9 @@ def verdicts(rows: list[dict], args) -> list[dict]:
 
 
 def report(rows: list[dict], args, base: dict) -> str:
+    window = f"first {base['limit']}" if not base["start"] else f"{base['limit']} from request {base['start']}"
     lines = [f"# Placement x eviction factorial (simulated): {base['trace']} ({base['reading']}), "
-             f"first {base['limit']} requests, {base['shape']}", "",
+             f"{window} requests, {base['shape']}", "",
              "Restored (SSM-usable) tokens per (placement, eviction) pair; each cell a device budget with or "
              "without a host tier (PCIe 5 x16, `planner/snapshot_tiers.py`). `ours-plus` means its placement "
              "with its own eviction (learned_value). Simulated: cost-model clock, not measured.", "",
@@ -186,7 +187,8 @@ def parser():
     ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.traces.factorial")
     ap.add_argument("--trace", choices=list(WORKLOADS), default="mooncake-conversation", help="the workload")
     ap.add_argument("--reading", choices=READINGS, default="chains", help="how its requests continue each other")
-    ap.add_argument("--limit", type=int_in_range(1), default=1000, help="only the first N requests")
+    ap.add_argument("--limit", type=int_in_range(1), default=1000, help="N requests (from --start)")
+    ap.add_argument("--start", type=int_in_range(0), default=0, help="skip the trace's first N requests (0-based)")
     ap.add_argument("--policy", type=name_list(sorted(set(POLICIES) - {REFERENCE})), default=",".join(PLACEMENTS),
                     help="placement policies (comma list)")
     ap.add_argument("--eviction", type=name_list(sorted(EVICTION_POLICIES)), default=",".join(sorted(EVICTION_POLICIES)),
@@ -212,7 +214,8 @@ def main(argv=None) -> int:
     if args.resume and (args.out / "points.jsonl").exists():
         read_text(args.out / "points.jsonl", "a factorial's points.jsonl")
     out = resolve_out(ap, args)
-    base = {"trace": args.trace, "reading": args.reading, "limit": args.limit, "shape": args.model,
+    base = {"trace": args.trace, "reading": args.reading, "limit": args.limit, "start": args.start,
+            "shape": args.model,
             "prefill_budget": 8192, "max_batch_size": 64, "kv_pool_gb": 60.0, "time_scale": 1.0, "trace_file": None}
     t0 = time.time()
     rows = run(args, base, out)

@@ -25,20 +25,22 @@ METRICS = ("kv_hit_tokens", "ssm_hit_tokens", "lost_tokens", "replayed_tokens", 
 
 
 @functools.lru_cache(maxsize=4)
-def load_requests(trace: str, reading: str, limit: int | None, trace_file: str | None = None
+def load_requests(trace: str, reading: str, limit: int | None, trace_file: str | None = None, start: int = 0
                   ) -> tuple[WorkloadRequest, ...]:
-    """The first `limit` requests of a trace in a reading; `trace_file`: a Mooncake-format file read
-    instead of the named trace. A bad line raises ValueError naming file:line and the field."""
-    if trace_file is not None:
-        return tuple(MooncakeTrace(trace_file, reading).requests(limit=limit))
-    return tuple(open_workload(trace, reading).requests(limit=limit))
+    """`limit` requests of a trace in a reading from request `start` (0-based; a window read with its
+    earlier requests, which the chains reading links to, and then skipped); `trace_file`: a
+    Mooncake-format file read instead of the named trace. A bad line raises ValueError naming
+    file:line and the field."""
+    upto = None if limit is None else start + limit
+    source = MooncakeTrace(trace_file, reading) if trace_file is not None else open_workload(trace, reading)
+    return tuple(source.requests(limit=upto))[start:]
 
 
 @functools.lru_cache(maxsize=4)
-def oracle_for(trace: str, reading: str, limit: int | None, trace_file: str | None, block_size: int
+def oracle_for(trace: str, reading: str, limit: int | None, trace_file: str | None, block_size: int, start: int = 0
                ) -> tuple[dict, dict]:
     """The optimum's capture positions and future restores for these requests (once per process)."""
-    requests = load_requests(trace, reading, limit, trace_file)
+    requests = load_requests(trace, reading, limit, trace_file, start)
     matches = optimum_matches(requests, block_size)
     return optimum_marks(requests, block_size, matches), optimum_uses(requests, block_size, matches)
 
@@ -71,7 +73,8 @@ def _admitted(requests: Sequence[WorkloadRequest], every_s: float) -> Iterator[W
 def measure_point(point: dict, config: dict, progress_s: float | None = None) -> dict:
     """One simulated run: the row of metrics, with the per-request TTFTs for the CDF. `progress_s`:
     log the requests admitted so far (rate, ETA) every that many seconds."""
-    requests = load_requests(point["trace"], point["reading"], config["limit"], config.get("trace_file"))
+    start = config.get("start", 0)
+    requests = load_requests(point["trace"], point["reading"], config["limit"], config.get("trace_file"), start)
     cfg = SimConfig(point["policy"], shape=config["shape"], budget_gb=point["budget_gb"],
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
                     kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"], eviction=config.get("eviction"),
@@ -79,7 +82,7 @@ def measure_point(point: dict, config: dict, progress_s: float | None = None) ->
     marks = uses = None
     if get_policy(cfg.policy).needs_oracle:
         marks, uses = oracle_for(point["trace"], point["reading"], config["limit"], config.get("trace_file"),
-                                 cfg.block_size)
+                                 cfg.block_size, start)
     out = simulate(requests if progress_s is None else _admitted(requests, progress_s), cfg, marks, uses)
     return {**point, **out["metrics"], "ttft_s": [round(r.ttft_s, 6) for r in out["records"]]}
 
