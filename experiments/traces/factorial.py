@@ -120,9 +120,11 @@ def verdicts(rows: list[dict], args) -> list[dict]:
 
 
 def report(rows: list[dict], args, base: dict) -> str:
-    window = f"first {base['limit']}" if not base["start"] else f"{base['limit']} from request {base['start']}"
+    start = base.get("start") or 0
+    window = (f"first {base['limit']:,} requests" if not start
+              else f"requests {start:,}-{start + base['limit'] - 1:,}")
     lines = [f"# Placement x eviction factorial (simulated): {base['trace']} ({base['reading']}), "
-             f"{window} requests, {base['shape']}", "",
+             f"{window}, {base['shape']}", "",
              "Restored (SSM-usable) tokens per (placement, eviction) pair; each cell a device budget with or "
              "without a host tier (PCIe 5 x16, `planner/snapshot_tiers.py`). `ours-plus` means its placement "
              "with its own eviction (learned_value). Simulated: cost-model clock, not measured.", "",
@@ -178,8 +180,9 @@ def plot(rows: list[dict], args, base: dict, path: Path) -> Path:
     fig.legend(handles=handles, title="eviction (marker colour: placement)", loc="upper center",
                ncol=len(handles), bbox_to_anchor=(0.5, 0.02), fontsize=8)
     fs.title(fig, "Placement x eviction: restored tokens per cell",
-             workload=f"{base['trace']} ({base['reading']} reading)", model=base["shape"],
-             requests=base["limit"], simulated=True)
+             workload=f"{base['trace']} ({base['reading']} reading)" + (
+                 f", requests {base['start']:,}-{base['start'] + base['limit'] - 1:,}" if base.get("start") else ""),
+             model=base["shape"], requests=base["limit"], simulated=True)
     return fs.save(fig, path)
 
 
