@@ -54,6 +54,19 @@ def _min_max(values: Sequence[float]) -> list[float]:
     return [(v - lo) / (hi - lo) for v in values]
 
 
+def _recency_plus(snapshots: Sequence[Snapshot], scores: Sequence[float], weight: float) -> list[float]:
+    """recency + weight * score, both min-max normalized over the candidates (FLOP-aware and seglen)."""
+    recency = _min_max([float(s.last_used) for s in snapshots])
+    return [r + weight * g for r, g in zip(recency, _min_max(scores))]
+
+
+def _lowest(snapshots: Sequence[Snapshot], utilities) -> Snapshot:
+    """The candidate of lowest `utilities(snapshots)`; of equals the first, i.e. the least recently used."""
+    require(len(snapshots) > 0, "snapshots", "nothing to evict")
+    utility = utilities(snapshots)
+    return snapshots[min(range(len(snapshots)), key=lambda i: (utility[i], i))]
+
+
 class FlopAwareEviction:
     """Evict the lowest `recency + alpha * FLOPs-saved-per-byte` (both min-max normalized)."""
 
@@ -65,15 +78,11 @@ class FlopAwareEviction:
 
     def utilities(self, snapshots: Sequence[Snapshot]) -> list[float]:
         """Each candidate's utility (see the module docstring); the lowest is evicted."""
-        recency = _min_max([float(s.last_used) for s in snapshots])
-        efficiency = _min_max([s.flops_saved / max(s.nbytes, 1) for s in snapshots])
-        return [r + self.alpha * e for r, e in zip(recency, efficiency)]
+        return _recency_plus(snapshots, [s.flops_saved / max(s.nbytes, 1) for s in snapshots], self.alpha)
 
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
         """The lowest utility, ties broken least recently used first."""
-        require(len(snapshots) > 0, "snapshots", "nothing to evict")
-        utility = self.utilities(snapshots)
-        return snapshots[min(range(len(snapshots)), key=lambda i: (utility[i], i))]  # ties: LRU first
+        return _lowest(snapshots, self.utilities)
 
 
 SEGLEN_WEIGHT = 0.85  # seglen's weight of replay length against recency (the SGLang PR's example)
@@ -166,15 +175,11 @@ class SeglenEviction:
         return snap.position - (parent.position if parent is not None else 0)
 
     def utilities(self, snapshots: Sequence[Snapshot]) -> list[float]:
-        recency = _min_max([float(s.last_used) for s in snapshots])
-        seglen = _min_max([float(self.seglen(s)) for s in snapshots])
-        return [r + self.weight * g for r, g in zip(recency, seglen)]
+        return _recency_plus(snapshots, [float(self.seglen(s)) for s in snapshots], self.weight)
 
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
         """The lowest utility, ties broken least recently used first."""
-        require(len(snapshots) > 0, "snapshots", "nothing to evict")
-        utility = self.utilities(snapshots)
-        return snapshots[min(range(len(snapshots)), key=lambda i: (utility[i], i))]
+        return _lowest(snapshots, self.utilities)
 
 
 class NextUseEviction:

@@ -119,6 +119,15 @@ def min_max(values: list) -> list:
     return [0.0] * len(values) if hi == lo else [(v - lo) / (hi - lo) for v in values]
 
 
+def first_lowest(held: list, utility: list) -> Held:
+    """The held snapshot of lowest utility, scanning in recency order: of equals, the least recently used."""
+    best = 0
+    for i in range(1, len(held)):
+        if utility[i] < utility[best]:  # strict: the least recently used of equals stays the victim
+            best = i
+    return held[best]
+
+
 class RefFlopAware:
     name = "flop_aware"
     has_admits = False
@@ -130,11 +139,7 @@ class RefFlopAware:
         recency = min_max([float(h.last_used) for h in held])
         efficiency = min_max([h.flops / max(self.nbytes, 1) for h in held])
         utility = [r + FLOP_AWARE_ALPHA * e for r, e in zip(recency, efficiency)]
-        best = 0
-        for i in range(1, len(held)):
-            if utility[i] < utility[best]:  # strict: the least recently used of equals stays the victim
-                best = i
-        return held[best]
+        return first_lowest(held, utility)
 
 
 class RefLearnedValue:
@@ -215,11 +220,7 @@ class RefSeglen:
         recency = min_max([float(h.last_used) for h in held])
         seglen = min_max([float(self.seglen(h, held)) for h in held])
         utility = [r + SEGLEN_WEIGHT * g for r, g in zip(recency, seglen)]
-        best = 0
-        for i in range(1, len(held)):
-            if utility[i] < utility[best]:  # strict: the least recently used of equals stays the victim
-                best = i
-        return held[best]
+        return first_lowest(held, utility)
 
 
 EVICTIONS = {"lru": lambda nbytes: RefLRU(), "flop_aware": RefFlopAware, "learned_value": RefLearnedValue,

@@ -74,6 +74,22 @@ def int_list(lo: int, hi: int | None = None) -> Check:
     return check
 
 
+def float_list(lo: float, hi: float | None = None, lo_open: bool = False) -> Check:
+    """Comma-separated numbers, each as `float_in_range(lo, hi, lo_open)` accepts; at least one."""
+    one = float_in_range(lo, hi, lo_open)
+
+    def check(text: str) -> list[float]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        try:
+            return [one(x) for x in items]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"every item {e}") from None
+
+    return check
+
+
 def name_list(allowed: Iterable[str]) -> Check:
     """Comma-separated names, each one of `allowed`, no repeats; at least one."""
     allowed = tuple(allowed)

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.common.flags import float_in_range, int_in_range, name_list, new_parser
+from experiments.common.flags import float_list, int_in_range, name_list, new_parser
 from experiments.common.inputs import InputError, fail_on_input_error, read_text
 from experiments.common.outputs import add_out_flags, report_written, resolve_out
 from experiments.common.progress import Progress
@@ -196,9 +196,9 @@ def parser():
                     help="placement policies (comma list)")
     ap.add_argument("--eviction", type=name_list(sorted(EVICTION_POLICIES)), default=",".join(sorted(EVICTION_POLICIES)),
                     help="evictions (comma list)")
-    ap.add_argument("--budget-gb", type=lambda t: [float_in_range(0, lo_open=True)(x) for x in t.split(",")],
-                    default="0.25,4", help="device snapshot budgets in GB (comma list; finite)")
-    ap.add_argument("--host-gb", type=lambda t: [float_in_range(0)(x) for x in t.split(",")], default="0,256",
+    ap.add_argument("--budget-gb", type=float_list(0, lo_open=True), default="0.25,4",
+                    help="device snapshot budgets in GB (comma list; finite)")
+    ap.add_argument("--host-gb", type=float_list(0), default="0,256",
                     help="host tiers in GB (comma list; 0: none)")
     ap.add_argument("--model", default="bamba-9b", choices=("bamba-9b", "granite-4.0-h-small", "nemotron-h-8b"),
                     help="the model shape of the cost model")
