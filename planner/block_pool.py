@@ -9,6 +9,13 @@ zero keeps its hash and stays findable until it is reused: free blocks sit in an
 Allocation reports a shortage by returning None, never by raising, so the caller can make
 the request wait or preempt another one. Blocks are freed in reverse order, so a sequence's
 tail blocks (the least shareable) are evicted before its head blocks.
+
+For a match that may end inside a block (`planner.prefix_cache`, `prefix_match_unit` < block),
+a block can also be findable by its *content*: its parent's chained hash and the token ids its
+written rows hold (`register_content`), full or partial. They are indexed by (parent, first
+token), so a lookup compares tokens with the few blocks that begin the same way under the same
+parent (exact, no second hash): one entry per block, where hashing every unit-long prefix would
+take block/unit entries (16 at unit 1). Reusing the block drops the entry.
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ from typing import Iterable, Sequence
 from kernels.checks import require
 
 BlockHash = bytes
+ROOT: BlockHash = b"root"  # the parent of a sequence's first block (`hash_block`'s chain start)
 
 
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
     """Hash of a full block given its parent's hash (None for the first block)."""
-    return hashlib.sha256((parent or b"root") + array("q", token_ids).tobytes()).digest()
+    return hashlib.sha256((parent or ROOT) + array("q", token_ids).tobytes()).digest()
 
 
 def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
@@ -48,7 +56,7 @@ def append_block_hashes(hashes: list[BlockHash], block_tokens: Sequence[int], bl
     blocks' tokens without the whole sequence (a decoding request, every 16 tokens)."""
     data = memoryview(array("q", block_tokens).tobytes())
     step = block_size * 8
-    parent = hashes[-1] if hashes else b"root"
+    parent = hashes[-1] if hashes else ROOT
     for i in range(len(block_tokens) // block_size):
         parent = hashlib.sha256(parent + data[i * step : (i + 1) * step]).digest()
         hashes.append(parent)
@@ -68,6 +76,9 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None  # set once the block is full and published
+    # Findable by content (`BlockPool.register_content`): its parent's hash and its written rows' tokens.
+    parent: BlockHash | None = None
+    content: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
@@ -81,6 +92,8 @@ class BlockPoolStats:
     freed: int = 0
     cache_hits: int = 0  # blocks adopted from the cache
     evicted: int = 0  # cached blocks reused for new content
+    partial_hits: int = 0  # blocks whose leading rows a match copied into a fresh block (copy-on-write)
+    copied_rows: int = 0  # token rows those copies moved
 
 
 class BlockPool:
@@ -94,6 +107,8 @@ class BlockPool:
         # block_id -> block, oldest-freed first; OrderedDict gives O(1) pop-front, append, remove.
         self._free: collections.OrderedDict[int, KVBlock] = collections.OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
+        # (parent hash, first token) -> {block_id: block} of blocks findable by content
+        self._by_content: dict[tuple[BlockHash, int], dict[int, KVBlock]] = {}
         self.stats = BlockPoolStats()
 
     @property
@@ -128,6 +143,8 @@ class BlockPool:
                 del self._cached[block.block_hash]
                 block.block_hash = None
                 self.stats.evicted += 1
+            if block.content:
+                self._unregister_content(block)
             block.ref_cnt = 1
             out.append(block)
         self.stats.allocated += n
@@ -165,6 +182,44 @@ class BlockPool:
         self._cached[block_hash] = block
         return True
 
+    def register_content(self, block: KVBlock, parent: BlockHash, content: Sequence[int]) -> None:
+        """Make `block` findable by content: its rows [0, len(content)) hold the K/V of `content`,
+        the tokens after the prefix whose chained hash is `parent`. A block only gains rows, so a
+        later call extends what an earlier one registered."""
+        if not content:
+            return
+        content = tuple(content)
+        if block.content:
+            if block.parent == parent and block.content[0] == content[0]:
+                block.content = content  # same bucket: only the rows grew
+                return
+            self._unregister_content(block)
+        block.parent, block.content = parent, content
+        self._by_content.setdefault((parent, content[0]), {})[block.block_id] = block
+
+    def _unregister_content(self, block: KVBlock) -> None:
+        key = (block.parent, block.content[0])
+        bucket = self._by_content[key]
+        del bucket[block.block_id]
+        if not bucket:
+            del self._by_content[key]
+        block.parent, block.content = None, ()
+
+    def longest_content_match(self, parent: BlockHash, tokens: Sequence[int]) -> tuple[KVBlock | None, int]:
+        """The block registered under `parent` whose content shares the longest prefix with
+        `tokens`, and that length (None, 0 when none begins with tokens[0]); ties go to the block
+        registered last."""
+        if not tokens:
+            return None, 0
+        best, best_len = None, 0
+        for block in (self._by_content.get((parent, tokens[0])) or {}).values():
+            n, limit = 0, min(len(block.content), len(tokens))
+            while n < limit and block.content[n] == tokens[n]:
+                n += 1
+            if n >= best_len:
+                best, best_len = block, n
+        return best, best_len
+
     def check_invariants(self) -> None:
         """Internal consistency (tests call this after every operation)."""
         free_ids = set(self._free)
@@ -174,3 +229,5 @@ class BlockPool:
             if b.block_hash is not None:
                 assert self._cached.get(b.block_hash) is b, b
         assert all(b.block_hash == h for h, b in self._cached.items())
+        for (parent, first), bucket in self._by_content.items():
+            assert all(b.parent == parent and b.content[0] == first and self.blocks[i] is b for i, b in bucket.items())

@@ -10,15 +10,39 @@ rewrite the shared blocks below 32768 (their KV is already there, and identical)
 The match is block-floored and backed off one block when the cached blocks would cover the
 whole prompt: at least one token must run to produce the logits the first sampled token
 comes from.
+
+With a `match_unit` under the block (`SchedulerConfig.prefix_match_unit`; 1 = any token) the match
+is the longest cached prefix floored to the unit and capped at the prompt length minus one (the
+same rule: at the block unit it is the block-floored, backed-off match above). Whole blocks are
+still found by hash and shared; where the match ends inside a block, the leading rows of a block
+that holds them (`BlockPool.longest_content_match`: a full block of another prompt, or a finished
+request's partial last block) are copied into a fresh block the new request owns, and it writes
+the rest (copy-on-write: a shared block is never written). The copy is a (source, destination,
+rows) triple the engine runs before the tick's forward; the source is held until then.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 from kernels.checks import require
-from planner.block_pool import BlockHash, BlockPool, KVBlock
+from planner.block_pool import ROOT, BlockHash, BlockPool, KVBlock
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixMatch:
+    """A prompt's cached prefix: whole blocks shared by hash, then optionally the first `rows` rows
+    of `partial` (another block) to copy into a fresh block. `num_tokens` positions in all."""
+
+    blocks: tuple[KVBlock, ...]
+    block_size: int
+    partial: KVBlock | None = None
+    rows: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.blocks) * self.block_size + self.rows
 
 
 @dataclasses.dataclass(eq=False)
@@ -63,11 +87,21 @@ class KVLease:
 class PrefixCache:
     """Block-floored prefix matching and publication over a `BlockPool`."""
 
-    def __init__(self, pool: BlockPool, block_size: int, enabled: bool = True):
+    def __init__(self, pool: BlockPool, block_size: int, enabled: bool = True, match_unit: int = 0):
+        """`match_unit`: the granularity a match ends on, dividing `block_size` (0: the block)."""
         require(block_size >= 1, "block_size", f"must be >= 1, got {block_size}")
+        match_unit = match_unit or block_size
+        require(match_unit >= 1 and block_size % match_unit == 0, "prefix_match_unit",
+                f"must divide block_size={block_size} (0: the block), got {match_unit}")
         self.pool = pool
         self.block_size = block_size
         self.enabled = enabled
+        self.match_unit = match_unit
+
+    @property
+    def token_granular(self) -> bool:
+        """Whether a match may end inside a block (a unit under the block)."""
+        return self.match_unit < self.block_size
 
     def match(self, token_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> list[KVBlock]:
         """The cached blocks covering the longest cached prefix, backed off one block if whole.
@@ -86,10 +120,63 @@ class PrefixCache:
             matched.pop()
         return matched
 
-    def adopt(self, blocks: list[KVBlock]) -> KVLease:
+    def find(self, token_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> PrefixMatch:
+        """The longest cached prefix of `token_ids`, floored to the match unit and capped at
+        len(token_ids) - 1 (module docstring). At the block unit: `match`'s blocks."""
+        bs = self.block_size
+        if not self.token_granular or not self.enabled:
+            return PrefixMatch(tuple(self.match(token_ids, block_hashes)), bs)
+        limit = len(token_ids) - 1
+        blocks: list[KVBlock] = []
+        for h in block_hashes[: limit // bs]:
+            block = self.pool.get_cached(h)
+            if block is None:
+                break
+            blocks.append(block)
+        start = len(blocks) * bs
+        want = token_ids[start : min(start + bs, limit)]
+        source, common = self.pool.longest_content_match(block_hashes[len(blocks) - 1] if blocks else ROOT, want)
+        rows = common // self.match_unit * self.match_unit
+        return PrefixMatch(tuple(blocks), bs, source if rows else None, rows)
+
+    def adopt(self, blocks: Sequence[KVBlock]) -> KVLease:
         """A new lease holding `blocks` (references taken); its computed cursor starts at 0."""
         self.pool.touch(blocks)
         return KVLease(self.block_size, list(blocks), 0, len(blocks) * self.block_size, len(blocks))
+
+    def adopt_match(self, match: PrefixMatch) -> tuple[KVLease, tuple[int, int, int] | None]:
+        """A lease over `match`: its whole blocks adopted and, for a partial block, a fresh block whose
+        first `match.rows` rows are to be copied from `match.partial`. Returns the lease and the copy
+        (source id, destination id, rows), or None when there is nothing to copy or no free block
+        (the lease then ends at the whole blocks). The caller holds the source (`pool.touch`) until
+        the copy has run, then drops it (`pool.free`)."""
+        lease = self.adopt(match.blocks)
+        if match.partial is None:
+            return lease, None
+        self.pool.touch([match.partial])  # no allocation below may hand the source out
+        fresh = self.pool.allocate(1)
+        if fresh is None:
+            self.pool.free([match.partial])
+            return lease, None
+        lease.blocks.extend(fresh)
+        lease.num_cached_tokens += match.rows
+        self.pool.stats.partial_hits += 1
+        self.pool.stats.copied_rows += match.rows
+        return lease, (match.partial.block_id, fresh[0].block_id, match.rows)
+
+    def register_tail(self, lease: KVLease, block_hashes: Sequence[BlockHash],
+                      tokens: Callable[[int, int], Sequence[int]]) -> None:
+        """Make the lease's partly written last block findable by content (token-granular matching
+        only): its rows hold `tokens(block start, written end)`, the written end being the larger of
+        the computed and cached cursors. Called before the lease is released."""
+        if not (self.enabled and self.token_granular):
+            return
+        bs = self.block_size
+        end = max(lease.num_computed_tokens, lease.num_cached_tokens)
+        full = end // bs
+        if end % bs == 0 or full >= len(lease.blocks) or full > len(block_hashes):
+            return
+        self.pool.register_content(lease.blocks[full], block_hashes[full - 1] if full else ROOT, tokens(full * bs, end))
 
     def allocate(self, lease: KVLease, num_tokens: int) -> bool:
         """Grow `lease` to hold `num_tokens` positions; False (lease unchanged) when the pool is short."""
@@ -102,13 +189,18 @@ class PrefixCache:
         lease.blocks.extend(fresh)
         return True
 
-    def publish(self, lease: KVLease, block_hashes: Sequence[BlockHash]) -> None:
-        """Publish every full block whose positions are all computed (prompt and decode alike)."""
+    def publish(self, lease: KVLease, block_hashes: Sequence[BlockHash],
+                tokens: Callable[[int, int], Sequence[int]] | None = None) -> None:
+        """Publish every full block whose positions are all computed (prompt and decode alike);
+        with `tokens(start, end)` (the sequence's tokens in [start, end), `Request.tokens`) and a unit
+        under the block, each is also made findable by content, for matches ending inside it."""
         if not self.enabled or lease.num_computed_tokens // self.block_size <= lease.num_published_blocks:
             return  # nothing new is full (a decode row, 15 times in 16 at block 16)
         full = min(lease.num_computed_tokens // self.block_size, len(block_hashes), len(lease.blocks))
         for i in range(lease.num_published_blocks, full):
-            self.pool.publish(lease.blocks[i], block_hashes[i])
+            if self.pool.publish(lease.blocks[i], block_hashes[i]) and self.token_granular and tokens is not None:
+                self.pool.register_content(lease.blocks[i], block_hashes[i - 1] if i else ROOT,
+                                           tokens(i * self.block_size, (i + 1) * self.block_size))
         lease.num_published_blocks = max(lease.num_published_blocks, full)
 
     def release(self, lease: KVLease) -> None:

@@ -46,6 +46,10 @@ class SchedulerConfig:
     ssm_snapshots: bool = True  # the model has SSM layers: a warm start needs a snapshot
     state_block: int = 0  # a policy's block-aligned state granularity (vLLM's padded block); 0: block_size
     kernel_chunk: int = 256  # the SSD kernel's chunk (SGLang's state grid)
+    # Where a prefix match may end, in tokens, dividing block_size: 0 the KV block (vLLM's and
+    # SGLang's rule), 1 any token (a match ending inside a block copies that block's leading rows:
+    # planner.prefix_cache).
+    prefix_match_unit: int = 0
 
     def __post_init__(self):
         for name in ("block_size", "prefill_budget", "max_batch_size", "num_kv_blocks", "kernel_chunk"):
@@ -53,7 +57,14 @@ class SchedulerConfig:
         require(self.state_block >= 0 and self.state_block % self.block_size == 0, "state_block",
                 f"must be 0 or a multiple of block_size={self.block_size}, got {self.state_block}")
         check_interval(self.snapshot_interval_blocks, "snapshot_interval_blocks")
+        require(self.prefix_match_unit >= 0 and (self.prefix_match_unit == 0 or self.block_size % self.prefix_match_unit == 0),
+                "prefix_match_unit", f"must be 0 (the block) or divide block_size={self.block_size}, got {self.prefix_match_unit}")
         get_policy(self.policy)
+
+    @property
+    def match_unit(self) -> int:
+        """The prefix match's granularity in tokens (`prefix_match_unit`, 0 read as the block)."""
+        return self.prefix_match_unit or self.block_size
 
     @property
     def chunk_policy(self) -> PlacementPolicy:
@@ -63,7 +74,8 @@ class SchedulerConfig:
     @property
     def plan_context(self) -> PlanContext:
         """What the policy's rules read besides the chunk."""
-        return PlanContext(self.block_size, self.snapshot_interval_blocks, self.state_block, self.kernel_chunk)
+        return PlanContext(self.block_size, self.snapshot_interval_blocks, self.state_block, self.kernel_chunk,
+                           self.prefix_match_unit)
 
     @property
     def tick_budget(self) -> int:
@@ -103,6 +115,9 @@ class SchedulerOutput:
     preempted: list[Request]
     tokens_reserved: int  # decode reservations taken off the top of the budget
     admitted: list[Request] = dataclasses.field(default_factory=list)
+    # Copy-on-write of partial-block matches: (source block, destination block, rows), to run
+    # before the tick's forward (the sources are held until `Scheduler.update`).
+    kv_copies: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -117,7 +132,9 @@ class Scheduler:
         """`snapshots`: the store restore points are looked up in (a private one if None)."""
         self.config = config
         self.pool = BlockPool(config.num_kv_blocks)
-        self.kv = PrefixCache(self.pool, config.block_size, enabled=config.enable_prefix_caching)
+        self.kv = PrefixCache(self.pool, config.block_size, enabled=config.enable_prefix_caching,
+                              match_unit=config.prefix_match_unit)
+        self._copy_sources: list = []  # blocks copied from this tick, held until `update`
         self.snapshots = snapshots if snapshots is not None else SnapshotStore(config.block_size)
         self.policy = config.chunk_policy
         self.context = config.plan_context
@@ -177,6 +194,7 @@ class Scheduler:
         # until the next tick.
         rows = [row for row in rows if row.request.status is RequestStatus.RUNNING]
         admitted: list[Request] = []
+        copies: list[tuple[int, int, int]] = []
         while budget > 0 and self.waiting and self.free_slots:
             req = self.waiting[0]
             if req in preempted:
@@ -189,7 +207,7 @@ class Scheduler:
                 # a chunk has nothing unpublished: a whole tick budget under a block (prefill
                 # budget 256 under vLLM's 528-token block) admits there, or never.
                 break
-            plan, restore = self._admit(req, budget)
+            plan, restore = self._admit(req, budget, copies)
             if plan is None:
                 break  # not enough free blocks for its first chunk: it waits
             self.waiting.popleft()
@@ -197,19 +215,21 @@ class Scheduler:
             rows.append(self._prefill_row(req, plan, restore))
             budget -= plan.length
 
-        return SchedulerOutput(self.tick, rows, preempted, len(holders), admitted)
+        return SchedulerOutput(self.tick, rows, preempted, len(holders), admitted, copies)
 
     def _prefill_row(self, req: Request, plan: ChunkPlan, restore: Snapshot | None = None) -> ScheduledRow:
         """The row of one planned chunk; `restore` is the snapshot its slot starts from (admission only)."""
         return ScheduledRow(req, plan.offset, req.prefill.chunk_tokens(plan), req.lease.num_cached_tokens, plan, restore)
 
-    def _admit(self, req: Request, budget: int) -> tuple[ChunkPlan | None, Snapshot | None]:
-        """Adopt the cached prefix, pick the restore point (the deepest usable snapshot at or below
-        the KV match; everything after it is replay), and book the first chunk."""
+    def _admit(self, req: Request, budget: int, copies: list) -> tuple[ChunkPlan | None, Snapshot | None]:
+        """Adopt the cached prefix (a partial block by copy, appended to `copies`), pick the restore
+        point (the deepest usable snapshot at or below the KV match; everything after it is replay),
+        and book the first chunk."""
         cfg = self.config
         tokens = req.all_token_ids
         extend_block_hashes(req.block_hashes, tokens, cfg.block_size)
-        lease = self.kv.adopt(self.kv.match(tokens, req.block_hashes))
+        match = self.kv.find(tokens, req.block_hashes)
+        lease, copy = self.kv.adopt_match(match)
         restore = None
         if lease.num_cached_tokens and cfg.ssm_snapshots:
             restore = self.snapshots.lookup(tokens, lease.num_cached_tokens, req.block_hashes)
@@ -225,7 +245,13 @@ class Scheduler:
         plan = prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy, self.context)
         if not self.kv.allocate(lease, plan.end):
             self.kv.release(lease)
+            if copy is not None:
+                self.pool.free([match.partial])
             return None, None
+        if copy is not None:
+            copies.append(copy)
+            self._copy_sources.append(match.partial)
+            req.metrics.kv_copied_tokens += copy[2]
         if restore is not None:  # a snapshot in a lower tier is promoted; its transfer time is kept
             req.metrics.restore_transfer_s = self.snapshots.mark_restored(restore)
         req.lease, req.prefill, req.status = lease, prefill, RequestStatus.RUNNING
@@ -251,6 +277,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         """Release the request's blocks and slot and queue it first, to recompute from scratch."""
         self.running.remove(req)
+        self.kv.register_tail(req.lease, req.block_hashes, req.tokens)
         self.kv.release(req.lease)
         self.free_slots.append(req.slot)
         req.lease = req.prefill = req.slot = None
@@ -266,6 +293,9 @@ class Scheduler:
         """
         finished = []
         bs = self.config.block_size
+        if self._copy_sources:  # the copies ran before the forward: their sources may be reused now
+            self.pool.free(self._copy_sources)
+            self._copy_sources = []
         for row in output.rows:
             req = row.request
             if req.status is not RequestStatus.RUNNING:
@@ -285,7 +315,7 @@ class Scheduler:
             full, known = req.num_tokens // bs, len(req.block_hashes)
             if full > known:  # a new full block
                 append_block_hashes(req.block_hashes, req.tokens(known * bs, full * bs), bs)
-            self.kv.publish(req.lease, req.block_hashes)
+            self.kv.publish(req.lease, req.block_hashes, req.tokens)
             if req.prefill is None and self._is_done(req):
                 self._finish(req)
                 finished.append(req)
@@ -300,6 +330,7 @@ class Scheduler:
     def _finish(self, req: Request) -> None:
         """Release a finished request's blocks (they stay findable by hash) and its slot."""
         self.running.remove(req)
+        self.kv.register_tail(req.lease, req.block_hashes, req.tokens)
         self.kv.release(req.lease)
         self.free_slots.append(req.slot)
         req.lease = req.slot = None

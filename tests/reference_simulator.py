@@ -96,9 +96,13 @@ def common_prefix(a: list, b: list) -> int:
     return n
 
 
-def kv_match(prompt: list, computed: list, block: int) -> int:
-    """Whole blocks of `prompt` some earlier computed sequence covers, backed off when whole."""
+def kv_match(prompt: list, computed: list, block: int, unit: int = 0) -> int:
+    """Whole blocks of `prompt` some earlier computed sequence covers, backed off when whole; with a
+    match unit under the block (planner/prefix_cache.py's docstring): the longest covered prefix
+    capped at len(prompt) - 1 (one token must run), floored to the unit."""
     longest = max((common_prefix(prompt, seq) for seq in computed), default=0)
+    if unit and unit < block:
+        return min(longest, len(prompt) - 1) // unit * unit
     blocks = longest // block
     if blocks and blocks * block >= len(prompt):
         blocks -= 1
@@ -387,7 +391,8 @@ def simulate_reference(trace: list, settings: dict, snapshot_nbytes: int, evicti
     positions it must capture (the optimum's oracle marks)."""
     policy = get_policy(settings["policy"])
     block = settings["block_size"]
-    ctx = PlanContext(block, 0, settings["state_block"], settings["kernel_chunk"])
+    unit = settings.get("prefix_match_unit", 0)
+    ctx = PlanContext(block, 0, settings["state_block"], settings["kernel_chunk"], unit)
     first_budget = settings["prefill_budget"] + settings["max_batch_size"]
     later_budget = first_budget - 1
     grid = (settings["decode_snapshot_grid"] or block) if settings["decode_snapshots"] else None
@@ -396,7 +401,7 @@ def simulate_reference(trace: list, settings: dict, snapshot_nbytes: int, evicti
     records = []
     for index, (prompt, reply) in enumerate(trace):
         total = len(prompt)
-        kv = kv_match(prompt, computed, block)
+        kv = kv_match(prompt, computed, block, unit)
         restored = store.deepest(prompt, kv) if kv else None
         start = restored.position if restored is not None else 0
         if restored is not None:

@@ -48,7 +48,8 @@ BLOCK, BUDGET, PROMPT = 16, 64, 64  # the base KV block every study runs at here
 
 
 def table(padded: int, kernel: int) -> dict:
-    """The hand table (module docstring), V = `padded`: (block, state_block, decode_snapshots, grid, eviction)."""
+    """The hand table (module docstring), V = `padded`: (block, state_block, decode_snapshots, grid, eviction);
+    the match unit is 0 (the block) but for ours-plus's "token" (1), whose "exact" decode grid is that unit."""
     return {
         "legacy": (16, 0, False, 0, "lru"),  # kv, no decode grid, lru (the base's fields)
         "aligned": (16, 0, False, 0, "lru"),
@@ -58,7 +59,7 @@ def table(padded: int, kernel: int) -> dict:
         "sglang": (16, 0, True, kernel, "lru"),  # kv, grid "kernel": 16 and 256 are multiples of 16
         "marconi": (16, 0, True, 0, "flop_aware"),  # kv, grid "block"
         "ollama": (16, 0, True, 0, "lru"),  # kv, grid "block"
-        "ours-plus": (16, 0, True, 0, "learned_value"),
+        "ours-plus": (16, 0, True, 1, "learned_value"),  # grid "exact" on its token unit
         "optimum": (16, 0, True, 0, "lru"),
     }
 
@@ -66,7 +67,8 @@ def table(padded: int, kernel: int) -> dict:
 def expected(policy: str, padded: int, kernel: int) -> dict:
     block, state, decode, grid, eviction = table(padded, kernel)[policy]
     return {"policy": policy, "block_size": block, "state_block": state, "kernel_chunk": kernel,
-            "decode_snapshots": decode, "decode_snapshot_grid": grid, "eviction": eviction}
+            "decode_snapshots": decode, "decode_snapshot_grid": grid,
+            "prefix_match_unit": 1 if policy == "ours-plus" else 0, "eviction": eviction}
 
 
 SHAPES = {"tiny": (48, 16), "bamba-9b": (528, 256)}  # (V, kernel chunk), derived in the docstring
@@ -183,6 +185,11 @@ def test_explicit_decode_states_and_state_block_win_over_the_policy():
     assert (off["decode_snapshots"], off["decode_snapshot_grid"]) == (False, 0)
     assert settings("sglang", kernel_chunk=32)["decode_snapshot_grid"] == 32
     assert settings("sglang", decode_snapshot_grid=64)["decode_snapshot_grid"] == 64
+    # an explicit match unit wins, and an "exact" decode grid follows it: the block unit is the block grid
+    assert (settings("ours-plus")["prefix_match_unit"], settings("ours-plus")["decode_snapshot_grid"]) == (1, 1)
+    assert settings("ours-plus", prefix_match_unit=4)["decode_snapshot_grid"] == 4
+    assert settings("ours-plus", prefix_match_unit=16)["decode_snapshot_grid"] == 0
+    assert settings("aligned", prefix_match_unit=1)["decode_snapshot_grid"] == 0  # no decode states asked
 
 
 def test_a_kv_pool_sized_by_the_block_the_policy_runs_on():

@@ -106,9 +106,10 @@ def test_last_prefill_chunk_on_the_grid_is_the_next_turns_state(prompt_len, budg
 
 # ---------------------------------------------------------------- a junction on the speculative grid
 SNAPSHOT = 1000  # bytes of one placeholder snapshot
-# ours-plus's placement alone: its decode states off and LRU eviction, given explicitly (explicit
-# settings win over the policy's engine defaults, decode states on the block and learned-value eviction)
-OURS_PLUS = dict(policy="ours-plus", decode_snapshots=False, eviction="lru")
+# ours-plus's placement alone: its decode states off, a block match unit and LRU eviction, given
+# explicitly (explicit settings win over the policy's engine defaults: exact decode states, a token
+# match unit and learned-value eviction)
+OURS_PLUS = dict(policy="ours-plus", decode_snapshots=False, eviction="lru", prefix_match_unit=16)
 
 
 @pytest.mark.parametrize("budget", [None, SNAPSHOT])

@@ -22,7 +22,9 @@ Where each rule comes from:
 * `marconi`: the Marconi paper (arXiv 2411.19379) as the policy's `source` reads it: a state at
   the branch point (the KV match) only, a chunk stop.
 * `ours-plus`, `optimum`: `aligned`, plus the junction captured in-launch; ours-plus also
-  captures speculatively every ceil(2048/bs)*bs tokens (`planner.policies.ours_plus` and its `source`).
+  captures speculatively every ceil(2048/bs)*bs tokens and marks n-1 where a match can end
+  there ((n-1) % unit == 0; unit the block unless a token unit is given) (`planner.policies.ours_plus`
+  and its `source`).
 
 The junction (vllm-junction, trtllm, marconi, ours-plus, optimum) is the KV match exactly when
 restore_at < kv_match < n. At admission the scheduler keeps the marks and speculative marks in
@@ -44,7 +46,7 @@ from planner.prefill_plan import plan_prompt
 
 
 def row(rid, total, block, budget, *, ends, snaps, captures=None, kv=0, restore=0, interval=0,
-        state_block=0, kernel_chunk=256, marks=(), spec=()):
+        state_block=0, kernel_chunk=256, marks=(), spec=(), match_unit=0):
     """One golden case: inputs, then the chunk ends, the snapshot positions (every chunk's, in
     order), each chunk's capture offsets, the policy's marks and its speculative marks kept in
     (restore, total). `budget`: one int, or (first chunk, later chunks); `captures=None`: no
@@ -52,7 +54,7 @@ def row(rid, total, block, budget, *, ends, snaps, captures=None, kv=0, restore=
     captures = captures if captures is not None else ((),) * len(ends)
     case = dict(total=total, block=block, budget=budget, kv=kv, restore=restore, interval=interval,
                 state_block=state_block, kernel_chunk=kernel_chunk, ends=list(ends), snaps=list(snaps),
-                captures=tuple(captures), marks=tuple(marks), spec=tuple(spec))
+                captures=tuple(captures), marks=tuple(marks), spec=tuple(spec), match_unit=match_unit)
     return pytest.param(case, id=rid)
 
 
@@ -75,7 +77,7 @@ def _admission(policy, c, ctx):
 def check(name, c):
     """Run one golden case under the policy `name`: marks, speculative marks, then the plan."""
     policy = get_policy(name)
-    ctx = PlanContext(c["block"], c["interval"], c["state_block"], c["kernel_chunk"])
+    ctx = PlanContext(c["block"], c["interval"], c["state_block"], c["kernel_chunk"], c["match_unit"])
     assert policy.marks(c["kv"], c["restore"], c["total"], ctx) == c["marks"]
     spec = policy.speculative_marks(c["kv"], c["restore"], c["total"], ctx)
     assert tuple(m for m in spec if c["restore"] < m < c["total"]) == c["spec"]
@@ -325,14 +327,32 @@ OURS_PLUS = [
     # Block 96: ceil(2048/96) = 22 blocks = 2112: 2112, 4224; L = 4999//96*96 = 4992, split 4896.
     row("grid-bs96", 5000, 96, 8192, spec=[2112, 4224], ends=[5000], captures=[(2112, 4224, 4896)],
         snaps=[2112, 4224, 4896]),
-    # One past a grid point: n=4097 -> 2048, 4096; L = 4096, split 4080.
-    row("n=4097", 4097, 16, 8192, spec=[2048, 4096], ends=[4097], captures=[(2048, 4080, 4096)],
+    # One past a grid point: n=4097 -> 2048, 4096; L = 4096, split 4080. n-1 = 4096 = 256 blocks:
+    # a mark (a match can end there), so 4096 leaves the speculative set; the same captures.
+    row("n=4097", 4097, 16, 8192, marks=[4096], spec=[2048, 4096], ends=[4097], captures=[(2048, 4080, 4096)],
         snaps=[2048, 4080, 4096]),
     # On it: n=4096 -> 2048 only (4096 is not under n); L = 4080, split 4064.
     row("n=4096", 4096, 16, 8192, spec=[2048], ends=[4096], captures=[(2048, 4064)], snaps=[2048, 4064]),
-    # n=2049: 2048; L = 2048, split 2032. n=2048: no grid point; L = 2032, split 2016.
-    row("n=2049", 2049, 16, 8192, spec=[2048], ends=[2049], captures=[(2032, 2048)], snaps=[2032, 2048]),
+    # n=2049: 2048 (and n-1 = 2048 a mark); L = 2048, split 2032. n=2048: no grid point, n-1 = 2047
+    # not on the block; L = 2032, split 2016.
+    row("n=2049", 2049, 16, 8192, marks=[2048], spec=[2048], ends=[2049], captures=[(2032, 2048)], snaps=[2032, 2048]),
     row("n=2048", 2048, 16, 8192, ends=[2048], captures=[(2016,)], snaps=[2016]),
+    # A token match unit: n-1 = 4999 is a mark, captured in the same launch at 4999 beside 2048, 4096
+    # and the split 4976.
+    row("unit1-cold", 5000, 16, 8192, match_unit=1, marks=[4999], spec=[2048, 4096], ends=[5000],
+        captures=[(2048, 4096, 4976, 4999)], snaps=[2048, 4096, 4976, 4999]),
+    # Unit 8 on block 16: 4999 is not on it (4999 % 8 = 7): no mark. n = 5001: 5000 = 625 x 8 is.
+    row("unit8-off", 5000, 16, 8192, match_unit=8, spec=[2048, 4096], ends=[5000],
+        captures=[(2048, 4096, 4976)], snaps=[2048, 4096, 4976]),
+    row("unit8-on", 5001, 16, 8192, match_unit=8, marks=[5000], spec=[2048, 4096], ends=[5001],
+        captures=[(2048, 4096, 4976, 5000)], snaps=[2048, 4096, 4976, 5000]),
+    # A warm repeat, match 4999 and restored there: the mark 4999 is not above the restore point
+    # (kept marks lie in (restore, n)), nothing left to capture; the one token runs.
+    row("unit1-repeat", 5000, 16, 8192, match_unit=1, kv=4999, restore=4999, marks=[4999], ends=[5000], snaps=[]),
+    # Two chunks of 3000 at unit 1: 2992 floored (2048 captured at 2048); [2992, 5000): 4096 at 1104,
+    # 4976 at 1984, 4999 at 2007.
+    row("unit1-two-chunks", 5000, 16, 3000, match_unit=1, marks=[4999], spec=[2048, 4096], ends=[2992, 5000],
+        captures=[(2048,), (1104, 1984, 2007)], snaps=[2048, 4096, 4976, 4999]),
 ]
 
 # ---------------------------------------------------------------- optimum (ours-plus without the grid)
@@ -468,9 +488,9 @@ def test_engine_labels_a_junction_on_the_grid_as_a_mark():
     B shares them and goes on to 5000: KV match 2048, restore 2016, so the junction 2048 is a
     mark although it is also a grid point; the grid keeps 4096 as speculative; B captures 2048,
     4096 and its split 4976 in one launch from 2016."""
-    # the placement alone: ours-plus's decode states (a default of its engine) off, explicitly
+    # the placement alone: ours-plus's decode states and token match (defaults of its engine) off, explicitly
     eng = Engine.for_placeholder(policy="ours-plus", block_size=16, prefill_budget=8192, num_kv_blocks=512,
-                                 max_batch_size=1, decode_snapshots=False)
+                                 max_batch_size=1, decode_snapshots=False, prefix_match_unit=16)
     a = list(range(1, 2049))
     reqs = [eng.add_request(p, max_new_tokens=1) for p in (a, a + [9000 + i for i in range(2952)])]
     eng.run_until_done()

@@ -23,7 +23,7 @@ ENGINE_DEFAULTS = {  # name: (kv_block, decode_grid, eviction, needs_oracle)
     "trtllm": ("kv", None, "lru", False),
     "marconi": ("kv", "block", "flop_aware", False),
     "ollama": ("kv", "block", "lru", False),
-    "ours-plus": ("kv", "block", "learned_value", False),
+    "ours-plus": ("kv", "exact", "learned_value", False),
     "optimum": ("kv", "block", "lru", True),
 }
 MARK_MODES = {"vllm-junction": "stop", "trtllm": "stop", "marconi": "stop", "ollama": "stop", "sglang": "capture",
@@ -35,6 +35,7 @@ def test_each_policy_carries_its_engine_defaults_and_source(name):
     policy = get_policy(name)
     assert (policy.kv_block, policy.decode_grid, policy.eviction, policy.needs_oracle) == ENGINE_DEFAULTS[name]
     assert policy.mark_mode == MARK_MODES[name] and policy.name == name
+    assert policy.match_unit == ("token" if name == "ours-plus" else "block")
     assert len(policy.source) > 40 and type(policy).__doc__.split() == policy.source.split()
 
 

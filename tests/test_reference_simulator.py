@@ -135,17 +135,19 @@ def settings_differences(settings: dict, policy: str, case: dict, cost: ShapeCos
     block ("kv": the engine's; "vllm": the padded hybrid block, rounded up to a multiple of the
     engine's block; "vllm-state": the engine's block, states on the padded one) and the decode
     grid (None: off; "block": the KV block; "state": the state block; "kernel": the kernel chunk,
-    rounded up to a KV block multiple so a block-floored match can land on it)."""
+    rounded up to a KV block multiple so a block-floored match can land on it; "exact": the match
+    unit, `match_unit` "token" being 1)."""
     words, bs = get_policy(policy), case["block_size"]
     padded = -(-cost.vllm_block // bs) * bs  # 528 at block 16 and 48
     block = padded if words.kv_block == "vllm" else bs
     state = padded if words.kv_block == "vllm-state" else 0
+    unit = 1 if words.match_unit == "token" else 0  # "token": any token; "block": 0, read as the block
     grid = {None: None, "block": block, "state": state or block,
-            "kernel": -(-max(cost.kernel_chunk, block) // block) * block}[words.decode_grid]
+            "kernel": -(-max(cost.kernel_chunk, block) // block) * block, "exact": unit or block}[words.decode_grid]
     got_grid = (settings["decode_snapshot_grid"] or settings["block_size"]) if settings["decode_snapshots"] else None
-    want = (block, state, cost.kernel_chunk, grid, case["prefill_budget"], case["max_batch_size"], policy)
+    want = (block, state, cost.kernel_chunk, grid, unit, case["prefill_budget"], case["max_batch_size"], policy)
     got = (settings["block_size"], settings["state_block"], settings["kernel_chunk"], got_grid,
-           settings["prefill_budget"], settings["max_batch_size"], settings["policy"])
+           settings["prefix_match_unit"], settings["prefill_budget"], settings["max_batch_size"], settings["policy"])
     return [] if got == want else [f"settings {got} != {want}"]
 
 
@@ -266,7 +268,7 @@ def test_ours_plus_tail_capture_on_the_speculative_grid_is_not_speculative():
     and C replayed all 2070)."""
     cost = ShapeCost.from_preset("bamba-9b")
     cfg = SimConfig("ours-plus", budget_gb=1.5 * cost.state_bytes / 1e9, prefill_budget=1100, max_batch_size=1,
-                    kv_pool_gb=1.0, eviction="lru")
+                    kv_pool_gb=1.0, eviction="lru", prefix_match_unit=16)  # the block unit: no n-1 mark here
     b = list(range(1000, 3070))
     trace = [(list(range(1, 101)), [9000]), (b, [9001]), (list(b), [9002])]
     records = simulate(requests_of(trace), cfg)["records"]

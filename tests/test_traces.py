@@ -27,7 +27,8 @@ def test_every_policy_is_registered_with_its_source_and_engine_settings():
         assert POLICIES[name].name == name and POLICIES[name].source, name
     for policy in POLICIES.values():  # every policy carries its engine defaults
         assert policy.kv_block in ("kv", "vllm", "vllm-state"), policy
-        assert policy.decode_grid in (None, "block", "state", "kernel"), policy
+        assert policy.decode_grid in (None, "block", "state", "kernel", "exact"), policy
+        assert policy.match_unit in ("block", "token"), policy
         assert policy.eviction in EVICTION_POLICIES and isinstance(policy.needs_oracle, bool), policy
 
 
@@ -106,16 +107,17 @@ def _warm_pair(policy, shared=600, n=1000):
     return [r.metrics for r in reqs]
 
 
-@pytest.mark.parametrize("policy,b_ends,b_forwards", [("ours-plus", [1000], 1), ("marconi", [592, 1000], 2),
-                                                       ("aligned", [1000], 1)])
-def test_junction_snapshot_serves_the_next_request(policy, b_ends, b_forwards):
+# ours-plus matches at any token: the shared 600 exactly; the others floor it to the block, 592
+@pytest.mark.parametrize("policy,kv,b_ends,b_forwards", [("ours-plus", 600, [1000], 1), ("marconi", 592, [592, 1000], 2),
+                                                          ("aligned", 592, [1000], 1)])
+def test_junction_snapshot_serves_the_next_request(policy, kv, b_ends, b_forwards):
     _, b, c = _warm_pair(policy)
-    assert (b.kv_match_tokens, b.restore_at) == (592, 0)  # 600 floored to 16; nothing there yet
+    assert (b.kv_match_tokens, b.restore_at) == (kv, 0)  # nothing there yet
     assert b.chunk_ends == b_ends and b.prefill_passes == b_forwards
     if policy == "aligned":
-        assert c.restore_at == 0 and 592 not in b.snapshot_positions
+        assert c.restore_at == 0 and kv not in b.snapshot_positions
     else:
-        assert 592 in b.snapshot_positions and (c.kv_match_tokens, c.restore_at) == (592, 592)
+        assert kv in b.snapshot_positions and (c.kv_match_tokens, c.restore_at) == (kv, kv)
 
 
 def _scaled_trace(tmp_path, n=40, scale=24):

@@ -24,6 +24,7 @@ from experiments.common.outputs import (RESULTS, add_out_flags, beside_record, c
                                         report_written, resolve_out, writes_record)
 from experiments.common.results_io import environment, log, write_json, write_text
 from experiments.traces.cost import SHAPES, ShapeCost
+from experiments.traces.simulate import SimConfig
 from experiments.traces.goals import check as check_goals, markdown as goal_table
 from experiments.traces.sweep import NAME, load_requests, points_for, run_on_ray, run_points, summarize, write_ttfts
 from experiments.workloads import READINGS, WORKLOADS, default_reading
@@ -80,6 +81,11 @@ def parser() -> argparse.ArgumentParser:
                          "planner.snapshot_tiers; 0: none)")
     ap.add_argument("--disk-gb", type=float_in_range(0), default=0.0,
                     help="a disk snapshot tier below that, in GB (NVMe; 0: none)")
+    ap.add_argument("--prefix-match-unit", type=int_in_range(1), default=None, metavar="TOKENS",
+                    help="where a prefix match may end, dividing the 16-token block (1: any token) for every "
+                         "policy but the optimum, whose oracle marks whole blocks (absent: each policy's own: "
+                         "ours-plus 1, the others the block). Mooncake's prompts are 512-token hash blocks: a "
+                         "finer unit gains only in a prompt's last, partial hash block and at reply ends")
     ap.add_argument("--model", choices=sorted(SHAPES), default="bamba-9b", help="the model shape of the cost model")
     add_limit_flag(ap, None)
     ap.add_argument("--start", type=int_in_range(0), default=0,
@@ -119,6 +125,9 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
     if (args.host_gb or args.disk_gb) and None in args.budget_gb:
         ap.error("argument --host-gb/--disk-gb: a lower tier sits below a finite device budget; drop 'inf' "
                  "from --budget-gb")
+    if args.prefix_match_unit is not None and SimConfig.block_size % args.prefix_match_unit:
+        ap.error(f"argument --prefix-match-unit: must divide the KV block ({SimConfig.block_size} tokens), "
+                 f"got {args.prefix_match_unit}")
     if args.trace_file is not None and not (args.trace or "").startswith("mooncake"):
         ap.error("argument --trace-file: only for the mooncake traces")
     if args.publish:
@@ -134,7 +143,7 @@ def config_of(args) -> dict:
               "trace_file": None if args.trace_file is None else str(args.trace_file)}
     if args.eviction is not None:  # only then: the sweeps without it keep their definition (and parts)
         config["eviction"] = args.eviction
-    for key in ("host_gb", "disk_gb", "start"):  # the same: only when asked
+    for key in ("host_gb", "disk_gb", "start", "prefix_match_unit"):  # the same: only when asked
         if getattr(args, key):
             config[key] = getattr(args, key)
     return config

@@ -149,6 +149,11 @@ class ShapeCost:
         """A snapshot save or restore: one state read and written."""
         return 2.0 * self.state_bytes / self.roofline.bytes_per_s
 
+    def kv_copy_s(self, rows: int) -> float:
+        """A partial KV block copied (copy-on-write): `rows` tokens' K/V of every attention layer
+        read and written."""
+        return 2.0 * self.kv_bytes_per_token * rows / self.roofline.bytes_per_s
+
     @property
     def capture_s(self) -> float:
         """An in-launch capture: one state written."""

@@ -50,6 +50,11 @@ class SimulatedRunner:
         self._spend(self.cost.copy_s)
         self.inner.write_state(slot, state)
 
+    def copy_kv_blocks(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """Partial KV blocks copied for matches ending inside a block (one launch: the rows summed)."""
+        self._spend(self.cost.kv_copy_s(sum(rows for _, _, rows in copies)))
+        self.inner.copy_kv_blocks(copies)
+
     def charge_transfer(self, seconds: float) -> None:
         """A restore's transfer from a lower snapshot tier, the part its queue wait did not hide."""
         self._spend(seconds)

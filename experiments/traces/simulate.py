@@ -58,6 +58,10 @@ class SimConfig:
     eviction: str | None = None  # None: the policy's own (`get_policy(policy).eviction`); a name overrides it
     host_gb: float | None = None  # a host-memory snapshot tier below the device budget (None or 0: none)
     disk_gb: float | None = None  # a disk tier below that (None or 0: none)
+    # where a prefix match may end (tokens, dividing the block; 1 any token): None the policy's own
+    # (ours-plus 1, the others the block). On Mooncake the prompts are 512-token hash blocks, so a
+    # finer unit only gains inside a prompt's last, partial hash block and at reply ends.
+    prefix_match_unit: int | None = None
 
     def __post_init__(self):
         get_policy(self.policy)
@@ -83,7 +87,8 @@ class SimConfig:
         return dict(block_size=self.block_size, prefill_budget=self.prefill_budget, max_batch_size=self.max_batch_size,
                     num_kv_blocks=lambda block: max(1, kv_tokens // block), policy=self.policy, capture_mode="in_pass",
                     snapshot_byte_budget=None if self.budget_gb is None else int(self.budget_gb * GB),
-                    eviction=self.eviction, snapshot_lower_tiers=self.lower_tiers())
+                    eviction=self.eviction, snapshot_lower_tiers=self.lower_tiers(),
+                    prefix_match_unit=self.prefix_match_unit)
 
     def engine_settings(self, cost: ShapeCost) -> dict:
         """The flat engine settings this policy runs with (its block, decode states, budget, eviction):

@@ -78,7 +78,9 @@ def measure_point(point: dict, config: dict, progress_s: float | None = None) ->
     cfg = SimConfig(point["policy"], shape=config["shape"], budget_gb=point["budget_gb"],
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
                     kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"], eviction=config.get("eviction"),
-                    host_gb=config.get("host_gb"), disk_gb=config.get("disk_gb"))
+                    host_gb=config.get("host_gb"), disk_gb=config.get("disk_gb"),
+                    # the optimum's oracle marks whole-block matches (experiments/traces/oracle.py): its own unit
+                    prefix_match_unit=None if get_policy(point["policy"]).needs_oracle else config.get("prefix_match_unit"))
     marks = uses = None
     if get_policy(cfg.policy).needs_oracle:
         marks, uses = oracle_for(point["trace"], point["reading"], config["limit"], config.get("trace_file"),

@@ -1,7 +1,9 @@
-"""The paged KV cache layout, the KV write and paged attention: arguments and host facts.
+"""The paged KV cache layout, the KV write, the block-prefix copy and paged attention: arguments
+and host facts.
 
-Layout (shared by `kernels.kv_cache_write`, `kernels.paged_attention`, the oracles in
-`kernels.reference.paged_attention` and the CPU paths in `kernels.torch_cpu.paged_attention`):
+Layout (shared by `kernels.kv_cache_write`, `kernels.kv_block_copy`, `kernels.paged_attention`,
+the oracles in `kernels.reference.paged_attention` and the CPU paths in
+`kernels.torch_cpu.paged_attention`):
 
 * ``key_cache``, ``value_cache``: ``(num_blocks, block_size, num_kv_heads, head_dim)``. Token
   ``p`` of sequence ``s`` lives in block ``block_tables[s, p // block_size]`` at offset
@@ -14,7 +16,8 @@ Layout (shared by `kernels.kv_cache_write`, `kernels.paged_attention`, the oracl
 
 The checks below define what is a valid input; the Triton launchers call them first and then add
 their own layout limits, so every implementation rejects the same things. Their messages predate
-`kernels.checks.require` and name the argument inside the sentence (tests match them).
+`kernels.checks.require` and name the argument inside the sentence (tests match them); the block
+copy's checks, newer, use `require`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import dataclasses
 
 import torch
 
+from kernels.checks import require
 from kernels.contracts.tensors import FLOAT_DTYPES, INDEX_DTYPES
 
 
@@ -205,3 +209,48 @@ def host_paged_attention_meta(q_lens, seq_lens, block_size: int, max_blocks: int
     for q in q_lens:
         cu.append(cu[-1] + q)
     return PagedAttentionMeta(len(lens), q_lens, lens, cu, max(q_lens), max_seq_len)
+
+
+def check_kv_block_copy_values(src_block_ids, dst_block_ids, num_rows, num_blocks: int, block_size: int) -> None:
+    """The value rules of `copy_kv_block_prefix`, on host ints (sequences of equal length C):
+    ids in 0..num_blocks-1, 0 <= num_rows[i] <= block_size, and no block both read and written or
+    written twice (dst ids distinct and disjoint from every src): the copies then run in any order,
+    so the kernel's programs need no ordering. Several copies may read one src."""
+    srcs = set(src_block_ids)
+    seen: set[int] = set()
+    for i, (s, d, n) in enumerate(zip(src_block_ids, dst_block_ids, num_rows)):
+        require(0 <= s < num_blocks, "src_block_ids", f"[{i}] = {s} must lie in 0..{num_blocks - 1}")
+        require(0 <= d < num_blocks, "dst_block_ids", f"[{i}] = {d} must lie in 0..{num_blocks - 1}")
+        require(0 <= n <= block_size, "num_rows", f"[{i}] = {n} must lie in 0..block_size = {block_size}")
+        require(d != s, "dst_block_ids", f"[{i}] = {d} equals src_block_ids[{i}]: a block cannot copy into itself")
+        require(d not in srcs, "dst_block_ids", f"[{i}] = {d} is also a src block: it would be read while written")
+        require(d not in seen, "dst_block_ids", f"[{i}] = {d} is written by two copies")
+        seen.add(d)
+
+
+def check_kv_block_copy_args(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    src_block_ids: torch.Tensor,
+    dst_block_ids: torch.Tensor,
+    num_rows: torch.Tensor,
+    read_values: bool = True,
+) -> None:
+    """Raise `ValueError` unless the arguments of `copy_kv_block_prefix` are valid. The index values
+    (`check_kv_block_copy_values`) are read on the host (one device-to-host copy) only with `read_values`."""
+    index = dict(src_block_ids=src_block_ids, dst_block_ids=dst_block_ids, num_rows=num_rows)
+    for name, t in index.items():
+        require(isinstance(t, torch.Tensor), name, f"expected a torch.Tensor, got {type(t).__name__}")
+    check_same_device(key_cache=key_cache, value_cache=value_cache, **index)
+    if key_cache.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"key_cache dtype {key_cache.dtype} not supported: use one of {FLOAT_DTYPES}")
+    check_cache(key_cache, value_cache, key_cache.dtype)
+    num_copies = src_block_ids.shape[0] if src_block_ids.dim() == 1 else -1
+    for name, t in index.items():
+        require(t.dim() == 1 and t.shape[0] == num_copies, name,
+                f"must be 1-D of the length of src_block_ids, got shape {tuple(t.shape)}"
+                f" (src_block_ids {tuple(src_block_ids.shape)})")
+        require(t.dtype in INDEX_DTYPES, name, f"dtype {t.dtype} must be int32 or int64")
+    if read_values and num_copies:
+        src, dst, rows = torch.stack([src_block_ids.long(), dst_block_ids.long(), num_rows.long()]).tolist()
+        check_kv_block_copy_values(src, dst, rows, key_cache.shape[0], key_cache.shape[1])

@@ -1,4 +1,5 @@
-"""Paged KV write and paged attention oracles: a token-by-token write, attention one head at a time.
+"""Paged KV write, block-prefix copy and paged attention oracles: a token-by-token write, a
+copy-by-copy loop, attention one head at a time.
 
 Plain fp32 PyTorch: the executable spec the Triton kernels and the CPU paths
 (`kernels.torch_cpu.paged_attention`) are tested against. Layout and argument contract:
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.contracts.paged_attention import check_kv_cache_write_args, check_paged_attention_args
+from kernels.contracts.paged_attention import (check_kv_block_copy_args, check_kv_cache_write_args,
+                                               check_paged_attention_args)
 
 
 def write_kv_cache_ref(
@@ -27,6 +29,21 @@ def write_kv_cache_ref(
         if slot >= 0:
             key_cache[slot // block_size, slot % block_size] = key[t]
             value_cache[slot // block_size, slot % block_size] = value[t]
+
+
+def copy_kv_block_prefix_ref(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    src_block_ids: torch.Tensor,
+    dst_block_ids: torch.Tensor,
+    num_rows: torch.Tensor,
+) -> None:
+    """For each copy ``i``: rows ``0 .. num_rows[i] - 1`` of block ``src_block_ids[i]`` into the same
+    rows of block ``dst_block_ids[i]``, in K and V; the destination's other rows are left alone."""
+    check_kv_block_copy_args(key_cache, value_cache, src_block_ids, dst_block_ids, num_rows)
+    for src, dst, n in zip(src_block_ids.tolist(), dst_block_ids.tolist(), num_rows.tolist()):
+        key_cache[dst, :n] = key_cache[src, :n]
+        value_cache[dst, :n] = value_cache[src, :n]
 
 
 def paged_attention_ref(

@@ -1,4 +1,5 @@
-"""Paged KV write and paged attention in PyTorch, as the model's `torch` backend runs them on CPU.
+"""Paged KV write, block-prefix copy and paged attention in PyTorch, as the model's `torch` backend
+runs them on CPU.
 
 Contract and layout: `kernels.contracts.paged_attention`; the oracles they are tested against:
 `kernels.reference.paged_attention`. `paged_attention_cpu` is written for speed as well as
@@ -13,7 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.contracts.paged_attention import check_kv_cache_write_args, check_paged_attention_args
+from kernels.checks import debug_checks
+from kernels.contracts.paged_attention import (check_kv_block_copy_args, check_kv_cache_write_args,
+                                               check_paged_attention_args)
 
 # Row-block budget, counted as the fp32 scores the block would hold (the fused kernel keeps less;
 # the block's boolean mask is a quarter of it per head): 128 MiB, where a chunk of 8192 queries x
@@ -38,6 +41,27 @@ def write_kv_cache_cpu(
     num_kv_heads, head_dim = key_cache.shape[2:]
     key_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep]
     value_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep]
+
+
+def copy_kv_block_prefix_cpu(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    src_block_ids: torch.Tensor,
+    dst_block_ids: torch.Tensor,
+    num_rows: torch.Tensor,
+) -> None:
+    """Rows ``0 .. num_rows[i] - 1`` of block ``src_block_ids[i]`` into block ``dst_block_ids[i]``, K and V,
+    as one gather and one scatter of slots per cache. Index values are checked only under the debug
+    switch (as in `kernels.kv_block_copy`)."""
+    check_kv_block_copy_args(key_cache, value_cache, src_block_ids, dst_block_ids, num_rows, debug_checks())
+    block_size, num_kv_heads, head_dim = key_cache.shape[1:]
+    rows = torch.arange(block_size, device=key_cache.device)
+    keep = rows[None, :] < num_rows[:, None]  # (C, block_size): the rows each copy writes
+    src = (src_block_ids.long()[:, None] * block_size + rows)[keep]
+    dst = (dst_block_ids.long()[:, None] * block_size + rows)[keep]
+    for cache in (key_cache, value_cache):
+        slots = cache.view(-1, num_kv_heads, head_dim)
+        slots[dst] = slots[src]  # the gather is a copy: done before the scatter writes
 
 
 def paged_attention_cpu(

@@ -92,9 +92,11 @@ class EngineConfig:
     def __post_init__(self):
         require(self.capture_mode in CAPTURE_MODES, "capture_mode",
                 f"must be one of {CAPTURE_MODES}, got {self.capture_mode!r}")
-        bs = self.scheduler.block_size
-        require(self.decode_snapshot_grid >= 0 and self.decode_snapshot_grid % bs == 0, "decode_snapshot_grid",
-                f"must be 0 or a multiple of block_size={bs}, got {self.decode_snapshot_grid}")
+        unit = self.scheduler.match_unit  # a decode state off the match grid could never be restored
+        require(self.decode_snapshot_grid >= 0 and self.decode_snapshot_grid % unit == 0, "decode_snapshot_grid",
+                f"must be 0 or a multiple of the prefix match unit {unit} (block_size="
+                f"{self.scheduler.block_size}, prefix_match_unit={self.scheduler.prefix_match_unit}), "
+                f"got {self.decode_snapshot_grid}")
 
     @classmethod
     def from_settings(cls, **settings: Any) -> "EngineConfig":
@@ -182,6 +184,9 @@ class Engine:
         the position), stamped on each snapshot for FLOP-aware eviction."""
         self.runner = runner
         self.config = config
+        require(config.scheduler.match_unit == config.scheduler.block_size or hasattr(runner, "copy_kv_blocks"),
+                "prefix_match_unit", f"{config.scheduler.prefix_match_unit} needs a runner that copies KV blocks "
+                f"(copy_kv_blocks); {type(runner).__name__} has none")
         self.snapshots = SnapshotStore(config.scheduler.block_size, config.snapshot_byte_budget,
                                        get_eviction(eviction) if eviction is not None else None,
                                        lower_tiers=config.snapshot_lower_tiers)
@@ -249,7 +254,8 @@ class Engine:
         s = self.config.scheduler
         values = {"policy": s.policy, "block_size": s.block_size, "state_block": s.state_block,
                   "kernel_chunk": s.kernel_chunk, "decode_snapshots": self.config.decode_snapshots,
-                  "decode_snapshot_grid": self.config.decode_snapshot_grid, "eviction": self.snapshots.eviction.name}
+                  "decode_snapshot_grid": self.config.decode_snapshot_grid, "prefix_match_unit": s.prefix_match_unit,
+                  "eviction": self.snapshots.eviction.name}
         return {k: values[k] for k in EFFECTIVE_KEYS}
 
     # ------------------------------------------------------------------ intake
@@ -307,6 +313,8 @@ class Engine:
                 raise RuntimeError("scheduler made no progress: every request waits for KV blocks")
             return StepReport(preempted=tuple(out.preempted))
         ran = tuple((row.request, row.request.slot) for row in out.rows)
+        if out.kv_copies:  # partial-block matches: their leading rows, before anything writes
+            self.runner.copy_kv_blocks(out.kv_copies)
         for row in out.rows:
             if row.restore is not None:
                 self._charge_transfer(row.request)
@@ -316,8 +324,9 @@ class Engine:
         if self.config.decode_snapshots and self.config.scheduler.enable_prefix_caching:
             self._track_boundary_states(out.rows)
         finished = self.scheduler.update(out, sampled)
+        slots = dict((req.request_id, slot) for req, slot in ran)
         for req in finished:
-            self._save_boundary_state(req)
+            self._save_boundary_state(req, slots[req.request_id])
             self._forced.pop(req.request_id, None)
         self._stamp_times(out.rows, finished)
         return StepReport(tuple(out.admitted), ran, tuple(out.preempted), tuple(finished))
@@ -372,13 +381,20 @@ class Engine:
         Only decode rows and last prefill chunks: a non-last chunk's end is the planner's business.
         """
         grid = self.config.decode_snapshot_grid or self.config.scheduler.block_size
+        if grid == 1:
+            return  # every end is on the grid: the finish state is read at finish, not copied per token
         for row in rows:
             end = row.start_pos + row.num_tokens
             if (row.is_decode or row.plan.is_last) and end % grid == 0:
                 self._boundary_states[row.request.request_id] = (end, self.runner.read_state(row.request.slot))
 
-    def _save_boundary_state(self, req: Request) -> None:
+    def _save_boundary_state(self, req: Request, slot: int) -> None:
+        """A finished request's decode-time state: the last one on the grid, read from its slot (not
+        yet reused: no forward ran since) when the grid is every token."""
         tracked = self._boundary_states.pop(req.request_id, None)
+        if self.config.decode_snapshot_grid == 1 and self.config.decode_snapshots \
+                and self.config.scheduler.enable_prefix_caching:
+            tracked = (req.num_tokens - 1, self.runner.read_state(slot))  # the last sampled token never ran
         if tracked is not None:
             self._save(req, *tracked, origin="decode")
 

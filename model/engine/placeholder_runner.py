@@ -117,6 +117,15 @@ class PlaceholderRunner:
         """Restore a snapshot into the slot."""
         self.slots[slot] = PlaceholderState(state.position, state.hash, state.nbytes)
 
+    def copy_kv_blocks(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """Copy each source block's leading `rows` positions (token and prefix hash) into the
+        destination block: a prefix match that ends inside a block (copy-on-write)."""
+        for src, dst, rows in copies:
+            if src == dst:
+                raise AssertionError(f"copy of block {src} onto itself")
+            self.kv[dst, :rows] = self.kv[src, :rows]
+            self.kv_hash[dst, :rows] = self.kv_hash[src, :rows]
+
     def forward(self, rows: Sequence[SequenceChunk]) -> BatchOutput:
         """Check each row against its slot and KV, consume its tokens; one-hot logits of the hash."""
         logits, captured = [], []

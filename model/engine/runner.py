@@ -27,6 +27,10 @@ class Runner(Protocol):
     def write_state(self, slot: int, state: Any) -> None:
         """Restore a snapshot into `slot`, so the next row there resumes from it."""
 
+    # Optional: `copy_kv_blocks(copies)`, copies as (source block, destination block, rows): the
+    # leading rows of each source block's K/V written into the destination block, before the
+    # tick's forward (a prefix match ending inside a block: `planner.prefix_cache`). Required for a
+    # prefix match unit under the KV block.
     # Optional: `charge_transfer(seconds)`, for a runner that keeps simulated time: the engine calls
     # it with the part of a restored snapshot's transfer from a lower tier (host, disk) that the
     # request's queue wait did not hide. A runner on real memory moves the bytes in `write_state`.

@@ -12,10 +12,12 @@ settings (`SchedulerConfig` and `EngineConfig` fields, plus `eviction`) and the 
    * decode-time states (`decode_grid`): None off; "block" on the KV block (`decode_snapshot_grid`
      0); "state" on `state_block` (the KV block when it is 0); "kernel" on the SSD kernel chunk
      rounded up to a multiple of the KV block (at least one block), where a block-floored match
-     can land;
+     can land; "exact" the match unit (1: the state after the last computed token; a
+     unit of the block is the "block" grid);
+   * `prefix_match_unit` (`match_unit`): "block" 0 (the KV block), "token" 1;
    * `eviction`: the policy's; `kernel_chunk`: the model's SSD chunk (`ModelShape.kernel_chunk`);
 2. a setting given explicitly (not None) wins over 1: `state_block`, `kernel_chunk`,
-   `decode_snapshots`, `decode_snapshot_grid`, `eviction`. Rule 1 reads the values after this
+   `decode_snapshots`, `decode_snapshot_grid`, `prefix_match_unit`, `eviction`. Rule 1 reads the values after this
    (an explicit `state_block` moves a "state" decode grid with it). `block_size` is always the
    base KV block (the attention kernel's): "kv" keeps it, "vllm" pads it;
 3. `num_kv_blocks` may be a function of the KV block rule 1 chose (a pool sized in tokens, or for
@@ -39,7 +41,7 @@ from planner.policies.vllm import vllm_hybrid_block
 from planner.scheduler import SchedulerConfig
 
 EFFECTIVE_KEYS = ("policy", "block_size", "state_block", "kernel_chunk", "decode_snapshots", "decode_snapshot_grid",
-                  "eviction")
+                  "prefix_match_unit", "eviction")
 _DEFAULTS = SchedulerConfig()
 
 
@@ -76,10 +78,11 @@ def _padded_block(policy: PlacementPolicy, block_size: int, shape: ModelShape | 
     return -(-shape.vllm_block // block_size) * block_size
 
 
-def _decode_grid(policy: PlacementPolicy, block: int, state_block: int, kernel_chunk: int) -> int:
+def _decode_grid(policy: PlacementPolicy, block: int, state_block: int, kernel_chunk: int, match_unit: int) -> int:
     """The policy's decode-state grid in tokens (0: the KV block), rule 1 of the module docstring."""
+    exact = match_unit if 0 < match_unit < block else 0  # the finish position, as finely as a match lands
     return {None: 0, "block": 0, "state": state_block or block,
-            "kernel": -(-max(kernel_chunk, block) // block) * block}[policy.decode_grid]
+            "kernel": -(-max(kernel_chunk, block) // block) * block, "exact": exact}[policy.decode_grid]
 
 
 def resolve_settings(shape: ModelShape | None, **settings: Any) -> dict:
@@ -97,8 +100,10 @@ def resolve_settings(shape: ModelShape | None, **settings: Any) -> dict:
         out["kernel_chunk"] = shape.kernel_chunk if shape is not None else _DEFAULTS.kernel_chunk
     if not _given(out, "decode_snapshots"):
         out["decode_snapshots"] = policy.decode_grid is not None
+    if not _given(out, "prefix_match_unit"):
+        out["prefix_match_unit"] = {"block": 0, "token": 1}[policy.match_unit]
     if not _given(out, "decode_snapshot_grid"):
-        grid = _decode_grid(policy, block, out["state_block"], out["kernel_chunk"])
+        grid = _decode_grid(policy, block, out["state_block"], out["kernel_chunk"], out["prefix_match_unit"])
         out["decode_snapshot_grid"] = grid if out["decode_snapshots"] else 0
     if not _given(out, "eviction"):
         out["eviction"] = policy.eviction

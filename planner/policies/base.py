@@ -12,7 +12,8 @@ from typing import Literal, get_args
 from kernels.checks import require
 
 KvBlock = Literal["kv", "vllm", "vllm-state"]
-DecodeGrid = Literal[None, "block", "state", "kernel"]
+DecodeGrid = Literal[None, "block", "state", "kernel", "exact"]
+MatchUnit = Literal["block", "token"]
 MarkMode = Literal["stop", "capture"]
 
 
@@ -23,13 +24,20 @@ class PlanContext:
     `block_size` is the KV block (the prefix match's granularity); `state_block` the granularity
     at which a policy keeps block-aligned states (vLLM's padded block; 0 = the KV block);
     `kernel_chunk` the SSD kernel's chunk (SGLang's state grid); `interval` interval snapshots
-    in KV blocks (0 = off).
+    in KV blocks (0 = off); `match_unit` where a prefix match may end (0 = the KV block; 1 = any
+    token: `SchedulerConfig.prefix_match_unit`).
     """
 
     block_size: int
     interval: int = 0
     state_block: int = 0
     kernel_chunk: int = 256
+    match_unit: int = 0
+
+    @property
+    def unit(self) -> int:
+        """The match unit in tokens (`match_unit`, 0 read as the KV block)."""
+        return self.match_unit or self.block_size
 
     @property
     def state_grid(self) -> int:
@@ -80,7 +88,11 @@ class PlacementPolicy:
     * `kv_block`: the KV block it matches with: "kv" the engine's; "vllm" vLLM's padded hybrid
       block; "vllm-state" the engine's, with states on the padded block (`PlanContext.state_block`);
     * `decode_grid`: where a finishing request's decode state is kept: None not kept; "block" the
-      KV block; "state" the state block; "kernel" the kernel chunk;
+      KV block; "state" the state block; "kernel" the kernel chunk; "exact" the state after the
+      last token it computed (its prompt + reply less the last sampled token; a token match unit
+      lets the next turn's match land there);
+    * `match_unit`: where its prefix match may end: "block" the KV block; "token" any token
+      (`SchedulerConfig.prefix_match_unit` 1, copy-on-write of the partial block);
     * `eviction`: its snapshot eviction, a `planner.eviction.EVICTION_POLICIES` name;
     * `needs_oracle`: whether a driver that knows the trace must set its requests' marks.
 
@@ -91,6 +103,7 @@ class PlacementPolicy:
     name: str = ""
     kv_block: KvBlock = "kv"
     decode_grid: DecodeGrid = None
+    match_unit: MatchUnit = "block"
     eviction: str = "lru"
     needs_oracle: bool = False
     mark_mode: MarkMode = "stop"
@@ -101,7 +114,8 @@ class PlacementPolicy:
                 f"{cls.__qualname__} must set its own non-empty name")
         require(bool((cls.__dict__.get("__doc__") or "").strip()), "source",
                 f"{cls.__qualname__} must cite its source in its docstring")
-        for field, allowed in (("kv_block", KvBlock), ("decode_grid", DecodeGrid), ("mark_mode", MarkMode)):
+        for field, allowed in (("kv_block", KvBlock), ("decode_grid", DecodeGrid), ("mark_mode", MarkMode),
+                               ("match_unit", MatchUnit)):
             require(getattr(cls, field) in get_args(allowed), field,
                     f"must be one of {get_args(allowed)}, got {getattr(cls, field)!r} ({cls.__qualname__})")
 

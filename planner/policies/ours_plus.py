@@ -17,19 +17,27 @@ OURS_PLUS_GRID_TOKENS = 2048  # speculative in-launch captures, rounded up to a 
 
 class OursPlus(Aligned):
     """This project: `aligned`, plus the state at the KV match captured inside the scan launch of
-    the replay that crosses it when the restore point lags the match, the state at the last block
-    boundary of prompt + reply kept at finish (decode snapshots), and speculative in-launch
-    captures every OURS_PLUS_GRID_TOKENS (2048) tokens; under a budget the store keeps what is
-    expected to spare the most FLOPs (GreedyDual over FLOPs saved x a restore chance learned per
-    origin, planner.eviction.LearnedValueEviction), speculative captures included."""
+    the replay that crosses it when the restore point lags the match, the state after the prompt's
+    last token but one captured in the same launch (where a match can end), a token-granular
+    prefix match (copy-on-write of a partial KV block), the state after the last computed token
+    of prompt + reply kept at finish (decode snapshots), and speculative in-launch captures every
+    OURS_PLUS_GRID_TOKENS (2048) tokens; under a budget the store keeps what is expected to spare
+    the most FLOPs (GreedyDual over FLOPs saved x a restore chance learned per origin,
+    planner.eviction.LearnedValueEviction), speculative captures included. A byte-identical repeat
+    then replays 1 token, and a next chat turn its new tokens plus the reply's last token (the one
+    whose K/V was never computed)."""
 
     name = "ours-plus"
-    decode_grid = "block"
+    decode_grid = "exact"
+    match_unit = "token"
     eviction = "learned_value"
     mark_mode = "capture"
 
     def marks(self, kv_match: int, restore_at: int, total: int, ctx: PlanContext) -> tuple[int, ...]:
-        return junction_marks(kv_match, restore_at, total)
+        """The junction, and n - 1 when a match can end there (the deepest an identical repeat
+        matches: one token must run)."""
+        tail = (total - 1,) if total > 1 and (total - 1) % ctx.unit == 0 else ()
+        return tuple(sorted(set(junction_marks(kv_match, restore_at, total) + tail)))
 
     def speculative_marks(self, kv_match: int, restore_at: int, total: int, ctx: PlanContext) -> tuple[int, ...]:
         """Every OURS_PLUS_GRID_TOKENS, rounded up to a KV block multiple, under the prompt end."""
