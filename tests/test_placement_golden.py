@@ -22,8 +22,8 @@ Where each rule comes from:
 * `marconi`: the Marconi paper (arXiv 2411.19379) as the policy's `source` reads it: a state at
   the branch point (the KV match) only, a chunk stop.
 * `ours-plus`, `optimum`: `aligned`, plus the junction captured in-launch; ours-plus also
-  captures speculatively every ceil(2048/bs)*bs tokens and marks n-1 where a match can end
-  there ((n-1) % unit == 0; unit the block unless a token unit is given) (`planner.policies.ours_plus`
+  captures speculatively every ceil(2048/bs)*bs tokens and at n-1 where a match can end there
+  ((n-1) % unit == 0; unit the block unless a token unit is given) (`planner.policies.ours_plus`
   and its `source`).
 
 The junction (vllm-junction, trtllm, marconi, ours-plus, optimum) is the KV match exactly when
@@ -327,31 +327,31 @@ OURS_PLUS = [
     # Block 96: ceil(2048/96) = 22 blocks = 2112: 2112, 4224; L = 4999//96*96 = 4992, split 4896.
     row("grid-bs96", 5000, 96, 8192, spec=[2112, 4224], ends=[5000], captures=[(2112, 4224, 4896)],
         snaps=[2112, 4224, 4896]),
-    # One past a grid point: n=4097 -> 2048, 4096; L = 4096, split 4080. n-1 = 4096 = 256 blocks:
-    # a mark (a match can end there), so 4096 leaves the speculative set; the same captures.
-    row("n=4097", 4097, 16, 8192, marks=[4096], spec=[2048, 4096], ends=[4097], captures=[(2048, 4080, 4096)],
+    # One past a grid point: n=4097 -> 2048, 4096; L = 4096, split 4080. n-1 = 4096 = 256 blocks (a
+    # match can end there) is speculative too, and already on the grid.
+    row("n=4097", 4097, 16, 8192, spec=[2048, 4096], ends=[4097], captures=[(2048, 4080, 4096)],
         snaps=[2048, 4080, 4096]),
     # On it: n=4096 -> 2048 only (4096 is not under n); L = 4080, split 4064.
     row("n=4096", 4096, 16, 8192, spec=[2048], ends=[4096], captures=[(2048, 4064)], snaps=[2048, 4064]),
-    # n=2049: 2048 (and n-1 = 2048 a mark); L = 2048, split 2032. n=2048: no grid point, n-1 = 2047
+    # n=2049: 2048 (the grid's and n-1); L = 2048, split 2032. n=2048: no grid point, n-1 = 2047
     # not on the block; L = 2032, split 2016.
-    row("n=2049", 2049, 16, 8192, marks=[2048], spec=[2048], ends=[2049], captures=[(2032, 2048)], snaps=[2032, 2048]),
+    row("n=2049", 2049, 16, 8192, spec=[2048], ends=[2049], captures=[(2032, 2048)], snaps=[2032, 2048]),
     row("n=2048", 2048, 16, 8192, ends=[2048], captures=[(2016,)], snaps=[2016]),
-    # A token match unit: n-1 = 4999 is a mark, captured in the same launch at 4999 beside 2048, 4096
-    # and the split 4976.
-    row("unit1-cold", 5000, 16, 8192, match_unit=1, marks=[4999], spec=[2048, 4096], ends=[5000],
+    # A token match unit: n-1 = 4999 is speculative, captured in the same launch at 4999 beside 2048,
+    # 4096 and the split 4976.
+    row("unit1-cold", 5000, 16, 8192, match_unit=1, spec=[2048, 4096, 4999], ends=[5000],
         captures=[(2048, 4096, 4976, 4999)], snaps=[2048, 4096, 4976, 4999]),
     # Unit 8 on block 16: 4999 is not on it (4999 % 8 = 7): no mark. n = 5001: 5000 = 625 x 8 is.
     row("unit8-off", 5000, 16, 8192, match_unit=8, spec=[2048, 4096], ends=[5000],
         captures=[(2048, 4096, 4976)], snaps=[2048, 4096, 4976]),
-    row("unit8-on", 5001, 16, 8192, match_unit=8, marks=[5000], spec=[2048, 4096], ends=[5001],
+    row("unit8-on", 5001, 16, 8192, match_unit=8, spec=[2048, 4096, 5000], ends=[5001],
         captures=[(2048, 4096, 4976, 5000)], snaps=[2048, 4096, 4976, 5000]),
-    # A warm repeat, match 4999 and restored there: the mark 4999 is not above the restore point
-    # (kept marks lie in (restore, n)), nothing left to capture; the one token runs.
-    row("unit1-repeat", 5000, 16, 8192, match_unit=1, kv=4999, restore=4999, marks=[4999], ends=[5000], snaps=[]),
+    # A warm repeat, match 4999 and restored there: no junction (restore = match); 4999 is not above
+    # the restore point (kept marks lie in (restore, n)), nothing left to capture; the one token runs.
+    row("unit1-repeat", 5000, 16, 8192, match_unit=1, kv=4999, restore=4999, ends=[5000], snaps=[]),
     # Two chunks of 3000 at unit 1: 2992 floored (2048 captured at 2048); [2992, 5000): 4096 at 1104,
     # 4976 at 1984, 4999 at 2007.
-    row("unit1-two-chunks", 5000, 16, 3000, match_unit=1, marks=[4999], spec=[2048, 4096], ends=[2992, 5000],
+    row("unit1-two-chunks", 5000, 16, 3000, match_unit=1, spec=[2048, 4096, 4999], ends=[2992, 5000],
         captures=[(2048,), (1104, 1984, 2007)], snaps=[2048, 4096, 4976, 4999]),
 ]
 
@@ -460,7 +460,7 @@ def test_only_ours_plus_speculates(name):
     (16, (2048, 4096)),  # 2048/16 = 128 blocks exactly
     (48, (2064, 4128)),  # ceil(2048/48) = 43 -> 2064
     (96, (2112, 4224)),  # ceil(2048/96) = 22 -> 2112
-    (1, (2048, 4096)),
+    (1, (2048, 4096, 4999)),  # a 1-token block: n-1 = 4999 is on the (block) match unit too
     (2048, (2048, 4096)),
     (4096, (4096,)),  # ceil(2048/4096) = 1 block = 4096
 ])

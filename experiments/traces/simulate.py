@@ -198,6 +198,7 @@ def _metrics(records: list[RequestRecord], engine: Engine, clock: SimClock, held
         "snapshot_bytes_peak": held["peak"],
         "snapshot_bytes_mean": held["mean"],
         "snapshots_saved": stats.saved,
+        "snapshot_bytes_saved_per_request": stats.saved_bytes / max(len(records), 1),  # what each request adds
         "snapshots_evicted": stats.evicted,
         "snapshots_restored": stats.restored,
         "snapshots_rejected": stats.rejected,

@@ -201,11 +201,15 @@ def ssd_decode_step_cpu(
     dtp = process_dt(dt, dt_bias, dt_softplus, limit)  # (S, H)
     Bh = B.float().repeat_interleave(H // G, dim=1)  # (S, H, N)
     Ch = C.float().repeat_interleave(H // G, dim=1)
-    slots = slot_idx.long()
-    state = state_pool[slots]  # (S, H, P, N)
-    state = torch.exp(dtp * A.float())[..., None, None] * state + (dtp[..., None] * x.float())[..., None] * Bh[:, :, None, :]
-    state_pool[slots] = state
-    y = torch.einsum("shpn,shn->shp", state, Ch)
+    decay = torch.exp(dtp * A.float())  # (S, H)
+    dtx = dtp[..., None] * x.float()  # (S, H, P)
+    y = x.new_empty((S, H, P), dtype=torch.float32)
+    for s, slot in enumerate(slot_idx.tolist()):
+        # in place on the pool row: a gather and a scatter of the (H, P, N) state cost 2 of the 3
+        # passes over it (granite-dense-cpu: 256 KB a layer, 322 -> 1xx us a step on one core)
+        state = state_pool[slot]
+        state.mul_(decay[s][:, None, None]).addcmul_(dtx[s][:, :, None], Bh[s][:, None, :])
+        torch.sum(state * Ch[s][:, None, :], dim=-1, out=y[s])  # 22 us; bmm of (H,P,N)@(H,N,1) 82 us
     if D is not None:
         y = y + D.float()[:, None] * x.float()
     return y.to(x.dtype)
