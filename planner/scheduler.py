@@ -57,8 +57,9 @@ class SchedulerConfig:
         require(self.state_block >= 0 and self.state_block % self.block_size == 0, "state_block",
                 f"must be 0 or a multiple of block_size={self.block_size}, got {self.state_block}")
         check_interval(self.snapshot_interval_blocks, "snapshot_interval_blocks")
-        require(self.prefix_match_unit >= 0 and (self.prefix_match_unit == 0 or self.block_size % self.prefix_match_unit == 0),
-                "prefix_match_unit", f"must be 0 (the block) or divide block_size={self.block_size}, got {self.prefix_match_unit}")
+        unit = self.prefix_match_unit
+        require(unit >= 0 and (unit == 0 or self.block_size % unit == 0), "prefix_match_unit",
+                f"must be 0 (the block) or divide block_size={self.block_size}, got {unit}")
         get_policy(self.policy)
 
     @property

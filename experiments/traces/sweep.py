@@ -70,6 +70,12 @@ def _admitted(requests: Sequence[WorkloadRequest], every_s: float) -> Iterator[W
             log("  " + p.line())
 
 
+def _match_unit(policy: str, config: dict) -> int | None:
+    """The sweep's `prefix_match_unit` for `policy` (None: the policy's own); the optimum keeps its
+    own, the block: its oracle marks whole-block matches (experiments/traces/oracle.py)."""
+    return None if get_policy(policy).needs_oracle else config.get("prefix_match_unit")
+
+
 def measure_point(point: dict, config: dict, progress_s: float | None = None) -> dict:
     """One simulated run: the row of metrics, with the per-request TTFTs for the CDF. `progress_s`:
     log the requests admitted so far (rate, ETA) every that many seconds."""
@@ -79,8 +85,7 @@ def measure_point(point: dict, config: dict, progress_s: float | None = None) ->
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
                     kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"], eviction=config.get("eviction"),
                     host_gb=config.get("host_gb"), disk_gb=config.get("disk_gb"),
-                    # the optimum's oracle marks whole-block matches (experiments/traces/oracle.py): its own unit
-                    prefix_match_unit=None if get_policy(point["policy"]).needs_oracle else config.get("prefix_match_unit"))
+                    prefix_match_unit=_match_unit(point["policy"], config))
     marks = uses = None
     if get_policy(cfg.policy).needs_oracle:
         marks, uses = oracle_for(point["trace"], point["reading"], config["limit"], config.get("trace_file"),
