@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import HybridConfig
+from model.linear import Linear
 from model.rope import apply_rope
 
 
@@ -40,10 +41,10 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.softmax_scale  # head_dim ** -0.5 unless the family sets it (Granite's attention_multiplier)
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_proj = Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None):
         """cos/sin None: no position embedding (NoPE)."""

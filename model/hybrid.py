@@ -26,6 +26,7 @@ from model.batch import BatchOutput, SequenceChunk, StepPlanners, pack_rows, val
 from model.cache import ModelCache, SSMState
 from model.config import MIXER_LAYER_TYPES, HybridConfig
 from model.families import get_family
+from model.linear import Linear
 from model.mamba2 import Mamba2Mixer, MixerStates
 from model.norms import RMSNorm
 from model.rope import rope_cos_sin
@@ -88,7 +89,7 @@ class HybridLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, kind, family.feed_forward(config, i))
                                     for i, kind in enumerate(config.layer_types))
         self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.rms_norm_weight_in_fp32)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:

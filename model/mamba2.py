@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from model.config import HybridConfig
+from model.linear import Linear
 from model.norms import GatedRMSNorm
 
 
@@ -43,7 +44,7 @@ class Mamba2Mixer(nn.Module):
         self.conv_dim = config.conv_dim
         self.dt_limit = config.time_step_limit
         self.chunk_size = config.mamba_chunk_size
-        self.in_proj = nn.Linear(config.hidden_size, self.d_inner + self.conv_dim + self.num_heads,
+        self.in_proj = Linear(config.hidden_size, self.d_inner + self.conv_dim + self.num_heads,
                                  bias=config.mamba_proj_bias)
         # nn.Conv1d only to hold HF's parameter shapes ((conv_dim, 1, d_conv) weight); the conv runs in the backend.
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, config.mamba_d_conv, groups=self.conv_dim,
@@ -52,7 +53,7 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.num_heads))
         self.D = nn.Parameter(torch.ones(self.num_heads))
         self.norm = GatedRMSNorm(self.d_inner, group_size=self.d_inner // self.n_groups, eps=config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.d_inner, config.hidden_size, bias=config.mamba_proj_bias)
+        self.out_proj = Linear(self.d_inner, config.hidden_size, bias=config.mamba_proj_bias)
 
     # pieces shared by the sequence and decode paths ---------------------------------------------
     def _split_projection(self, hidden: torch.Tensor):

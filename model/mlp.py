@@ -8,15 +8,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.linear import Linear
+
 
 class SwiGLU(nn.Module):
     """Bamba's MLP: gate_proj, up_proj, down_proj."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -34,8 +36,8 @@ class FusedSwiGLU(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.input_linear = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.output_linear = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.input_linear = Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.output_linear = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.output_linear(swiglu_halves(self.input_linear(x)))
@@ -60,8 +62,8 @@ class ReluSquaredMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool):
         super().__init__()
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(relu_squared_(self.up_proj(x)))

@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model.config import MoEConfig
+from model.linear import linear
 from model.mlp import swiglu_halves
 
 
@@ -36,7 +36,7 @@ class SoftmaxTopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (T, H) -> weights (T, k) in x's dtype, expert index (T, k) int64."""
-        logits = F.linear(x, self.weight).float()
+        logits = linear(x, self.weight).float()
         top_logits, index = logits.topk(self.top_k, dim=-1)
         return torch.softmax(top_logits, dim=-1).type_as(x), index
 
@@ -83,7 +83,7 @@ def sorted_expert_mlps(xs: torch.Tensor, sorted_experts: torch.Tensor, w_in: tor
     # is there); on a GPU it is a sync, taken only where grouped matmuls do not run (not bf16).
     for e, n in enumerate(torch.bincount(sorted_experts, minlength=num_experts).tolist()):
         if n:
-            ys[start:start + n] = F.linear(activation(F.linear(xs[start:start + n], w_in[e])), w_out[e])
+            ys[start:start + n] = linear(activation(linear(xs[start:start + n], w_in[e])), w_out[e])
             start += n
     return ys
 

@@ -2,8 +2,11 @@
 
 `shape(raw)` turns the per-request records into the figures per system and scenario (cold and
 warm TTFT medians, cached and recomputed tokens, state memory), the agreement of greedy tokens and
-top logprobs between ours and each vLLM configuration, and the goals. The system "vllm" is vLLM's
-"default" configuration; every configuration is also under "vllm_configs".
+top logprobs between ours and each vLLM configuration, and the goals. Systems: "ours" (our engine
+under its `--our-policy`), "vllm" (vLLM's "default" configuration, as its documentation sets up
+hybrid prefix caching) and "vllm_shared_prefix" (the "shared_prefix" configuration); every vLLM
+configuration is also under "vllm"."configs". The goals (`goals`, issue 21 item 5) hold ours to
+"vllm_shared_prefix"; `goals_by_vllm_config` holds ours to the same goals against each configuration.
 """
 
 from __future__ import annotations
@@ -16,6 +19,14 @@ from kernels.checks import require
 
 OURS = "ours"
 VLLM_DEFAULT = "vllm:default"
+SYSTEM_KEYS = {"default": "vllm", "shared_prefix": "vllm_shared_prefix"}  # vLLM config -> its key in "systems"
+GOALS_AGAINST = "shared_prefix"  # the vLLM configuration the goals are measured against
+PAIRED = ("warm_restore", "random_lengths")  # a cold request, then the byte-identical one (warm)
+SLICES = ("mooncake", "sharegpt")  # multi-turn trace slices: requests in arrival order
+# Goal bounds: ours / vLLM's figure must be <= the bound ("<" for the slices' recomputed tokens).
+RECOMPUTED_BOUND = 0.2  # mean recomputed tokens of the byte-identical repeats <= 1/5 of vLLM's
+WARM_TTFT_BOUND = 0.5  # warm TTFT <= 0.5 x vLLM's (16K warm restore, random lengths)
+COLD_TTFT_BOUND = 1.0  # cold TTFT <= vLLM's (16K warm restore, random lengths)
 
 
 # ------------------------------------------------------------------------------------------ figures
@@ -57,12 +68,14 @@ def pair_figures(pairs: list[dict]) -> dict:
             "errors": errors(cold + warm)}
 
 
-def mooncake_figures(recs: list[dict]) -> dict:
-    """First turns (no parent) and continuations, in arrival order."""
+def slice_figures(recs: list[dict]) -> dict:
+    """A trace slice (Mooncake, ShareGPT): first turns (no parent) and continuations, in arrival order;
+    TTFT medians over all requests (`ttft_s`), first turns (`cold_ttft_s`) and continuations (`warm_ttft_s`)."""
     first = [r for r in recs if r["parent"] is None]
     cont = [r for r in recs if r["parent"] is not None]
     ok = [r for r in recs if "error" not in r]
     return {"n": len(recs), "n_first_turns": len(first), "n_continuations": len(cont),
+            "ttft_s": median(r.get("wall_s") for r in recs),
             "cold_ttft_s": median(r.get("wall_s") for r in first), "warm_ttft_s": median(r.get("wall_s") for r in cont),
             "ttft_s_all": [r.get("wall_s") for r in recs], "prompt_lens": [r.get("prompt_len") for r in recs],
             "cached_tokens": [r.get("num_cached_tokens") for r in recs],
@@ -71,6 +84,7 @@ def mooncake_figures(recs: list[dict]) -> dict:
             "total_recomputed_tokens": sum(recomputed(r) for r in ok),
             "continuation_recomputed_tokens": sum(recomputed(r) for r in cont if "error" not in r),
             "mean_recomputed_tokens": mean(recomputed(r) for r in ok), "errors": errors(recs)}
+
 
 
 # ------------------------------------------------------------------------------------------ agreement
@@ -96,7 +110,7 @@ def agreement(ours_recs: list[dict], their_recs: list[dict]) -> dict:
 
 
 def flat_records(raw_scenario: dict, system: str, scenario: str) -> list[dict]:
-    if scenario == "mooncake":
+    if scenario in SLICES:
         return raw_scenario["records"][system]
     recs = [r for p in raw_scenario["pairs"][system] for r in (p["cold"], p["warm"])]
     if scenario == "warm_restore":
@@ -108,8 +122,8 @@ def flat_records(raw_scenario: dict, system: str, scenario: str) -> list[dict]:
 def system_figures(raw: dict, system: str) -> dict:
     out = {}
     for scenario, data in raw["raw"].items():
-        if scenario == "mooncake":
-            out[scenario] = mooncake_figures(data["records"][system])
+        if scenario in SLICES:
+            out[scenario] = slice_figures(data["records"][system])
         else:
             out[scenario] = pair_figures(data["pairs"][system])
         if scenario == "warm_restore":
@@ -130,51 +144,83 @@ def vllm_state_bytes(ready: dict, mamba_layers: int) -> dict:
             "kv_cache_memory_bytes_preallocated": r.get("kv_cache_memory_bytes"), "block_size": r.get("block_size")}
 
 
-def goals(o: dict, v: dict, ident: bool) -> dict:
-    """The issue's four goals, ours (`o`) against one vLLM configuration (`v`), per-scenario figures."""
-    out = {"greedy_tokens_identical": {"met": ident}}
-    if "random_lengths" in o and v.get("random_lengths", {}).get("mean_recomputed_tokens"):
-        a, b = o["random_lengths"]["mean_recomputed_tokens"], v["random_lengths"]["mean_recomputed_tokens"]
-        out["recomputed_le_fifth"] = {"ours": a, "vllm": b, "ratio": a / b, "met": a <= b / 5}
-    for key, scen, bound in (("warm_ttft_le", "warm_restore", 1.0), ("cold_ttft_within_1.5x", "warm_restore", 1.5)):
-        field = "warm_ttft_s" if key.startswith("warm") else "cold_ttft_s"
-        if scen in o and v.get(scen, {}).get(field):
-            a, b = o[scen][field], v[scen][field]
-            pairs = [x / y for x, y in zip(o[scen][f"{field}_all"], v[scen][f"{field}_all"]) if x and y]
-            mins = min(x for x in o[scen][f"{field}_all"] if x) / min(y for y in v[scen][f"{field}_all"] if y)
-            out[key] = {"scenario": scen, "ours_s": a, "vllm_s": b, "ratio": a / b, "met": a <= bound * b,
-                        "statistic": "median", "ratio_of_minima": mins, "pair_ratios": pairs}
-    if "random_lengths" in o and v.get("random_lengths", {}).get("cold_ttft_s"):
-        a, b = o["random_lengths"]["cold_ttft_s"], v["random_lengths"]["cold_ttft_s"]
-        out["cold_ttft_within_1.5x_random_lengths"] = {"scenario": "random_lengths", "ours_s": a, "vllm_s": b,
-                                                        "ratio": a / b, "met": a <= 1.5 * b, "statistic": "median"}
+# ------------------------------------------------------------------------------------------ goals
+def _both(xs: list, ys: list) -> tuple[list, list]:
+    """The entries of two request-aligned lists where neither system failed (None)."""
+    kept = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+    return [x for x, _ in kept], [y for _, y in kept]
+
+
+def _goal(scenario, statistic: str, ours, theirs, bound: float, strict: bool = False, **extra) -> dict:
+    """ours vs theirs: the two numbers, ours / theirs, the bound on that ratio, met (`strict`: ours < theirs)."""
+    ratio = ours / theirs if ours is not None and theirs else None
+    met = ours is not None and theirs is not None and (ours < theirs if strict else ours <= bound * theirs)
+    return {"scenario": scenario, "statistic": statistic, "ours": ours, "vllm": theirs, "ratio": ratio,
+            "bound": bound, "strict": strict, "met": bool(met)} | extra
+
+
+def _ttft_goal(o: dict, v: dict, scenario: str, field: str, bound: float) -> dict:
+    """Median TTFT of the cold or warm requests (`field`), with the per-pair ratios and the ratio of minima."""
+    mine, theirs = o[scenario][f"{field}_all"], v[scenario][f"{field}_all"]
+    pairs = [x / y for x, y in zip(mine, theirs) if x and y]
+    lo_mine, lo_theirs = min((x for x in mine if x), default=None), min((y for y in theirs if y), default=None)
+    return _goal(scenario, "median", o[scenario][field], v[scenario][field], bound, pair_ratios=pairs,
+                 median_pair_ratio=median(pairs),
+                 ratio_of_minima=lo_mine / lo_theirs if lo_mine and lo_theirs else None)
+
+
+def goals(o: dict, v: dict, ident: dict) -> dict:
+    """The issue's goals, ours (`o`) against one vLLM configuration (`v`), from per-scenario figures;
+    `ident`: the greedy-token agreement the goal counts (`_identical`). Each goal: the
+    two numbers ("ours", "vllm"), "ratio" = ours / vllm, the "bound" on it, "met"."""
+    out = {"greedy_tokens_identical": {"identical": ident["identical"], "compared": ident["compared"],
+                                       "ratio": ident["identical"] / ident["compared"] if ident["compared"] else None,
+                                       "bound": 1.0, "met": ident["met"]}}
+    paired = [s for s in PAIRED if s in o and s in v]
+    if paired:  # every byte-identical repeat, over the requests both served
+        mine, theirs = _both([x for s in paired for x in o[s]["warm_recomputed_tokens"]],
+                             [y for s in paired for y in v[s]["warm_recomputed_tokens"]])
+        if mine:
+            out["recomputed_le_fifth"] = _goal(paired, "mean over the byte-identical repeats", mean(mine),
+                                               mean(theirs), RECOMPUTED_BOUND, n=len(mine))
+    for scenario in PAIRED:
+        if scenario not in paired:
+            continue
+        suffix = "" if scenario == "warm_restore" else f"_{scenario}"
+        if o[scenario]["warm_ttft_s"] is not None and v[scenario]["warm_ttft_s"]:
+            out[f"warm_ttft_le_half{suffix}"] = _ttft_goal(o, v, scenario, "warm_ttft_s", WARM_TTFT_BOUND)
+        if o[scenario]["cold_ttft_s"] is not None and v[scenario]["cold_ttft_s"]:
+            out[f"cold_ttft_le{suffix}"] = _ttft_goal(o, v, scenario, "cold_ttft_s", COLD_TTFT_BOUND)
+    for scenario in SLICES:
+        if scenario in o and scenario in v:
+            mine, theirs = _both(o[scenario]["recomputed_tokens"], v[scenario]["recomputed_tokens"])
+            if mine:
+                out[f"recomputed_below_{scenario}"] = _goal(
+                    scenario, "sum over the requests both served", sum(mine), sum(theirs), 1.0, strict=True,
+                    n=len(mine), ours_mean=mean(mine), vllm_mean=mean(theirs))
     return out
 
 
-def shape(raw: dict) -> dict:
-    """The JSON: settings, per-system figures, agreement, goals; the raw records without tensors."""
-    names = [n for n in raw["raw"][next(iter(raw["raw"]))].get("pairs", raw["raw"][next(iter(raw["raw"]))].get(
-        "records"))] if raw["raw"] else []
-    vllm_names = [n for n in names if n.startswith("vllm:")]
-    agree = {n: {s: agreement(flat_records(d, OURS, s), flat_records(d, n, s)) for s, d in raw["raw"].items()}
-             for n in vllm_names}
-    vconfigs = {n.split(":", 1)[1]: {"scenarios": system_figures(raw, n), "agreement_with_ours": agree[n]}
-                for n in vllm_names}
-    for name, ready in raw["vllm_ready"].items():
-        vconfigs.setdefault(name, {"scenarios": {}, "agreement_with_ours": {}})
-        vconfigs[name] |= {"settings": ready.get("settings"), "started": bool(ready.get("ok")),
-                           "start_error": ready.get("error"), "resolved": ready.get("resolved"),
-                           "start_s": ready.get("start_s"), "state_memory": vllm_state_bytes(ready, raw["model"]["layers"].count("M"))}
-    default = vconfigs.get("default", {"scenarios": {}})
-    first_ready = next(iter(raw["vllm_ready"].values()), {})
-    systems = {OURS: {"scenarios": system_figures(raw, OURS) if names else {}, "settings": raw["our_engine"],
-                      "state_memory": raw.get("ours_state")},
-               "vllm": {"scenarios": default["scenarios"], "settings": default.get("settings"),
-                        "version": first_ready.get("vllm"), "torch": first_ready.get("torch"),
-                        "device": raw["environment"]["device_name"], "env": raw["vllm_env"],
-                        "state_memory": default.get("state_memory"), "configs": vconfigs}}
-    ident = bool(agree) and all(a["greedy_tokens_identical"] for per in agree.values() for a in per.values())
-    for per in raw["raw"].values():  # tensors out of the stored records
+def _identical(agree: dict) -> dict:
+    """Greedy-token agreement summed over scenarios (and systems): identical requests of those compared;
+    "met": every scenario of every system compared some and all were identical."""
+    per = [a for scenarios in agree.values() for a in scenarios.values()]
+    return {"identical": sum(a["greedy_identical"] for a in per), "compared": sum(a["compared"] for a in per),
+            "met": bool(per) and all(a["greedy_tokens_identical"] for a in per)}
+
+
+# ------------------------------------------------------------------------------------------ shape: systems
+def _vllm_system(vconfigs: dict, name: str, first_ready: dict) -> dict:
+    """A vLLM configuration as a system: its figures per scenario, settings, version, state memory."""
+    c = vconfigs.get(name, {})
+    return {"scenarios": c.get("scenarios", {}), "settings": c.get("settings"), "config": name,
+            "started": c.get("started"), "start_error": c.get("start_error"), "version": first_ready.get("vllm"),
+            "torch": first_ready.get("torch"), "state_memory": c.get("state_memory")}
+
+
+def _strip_tensors(raw_scenarios: dict) -> None:
+    """Our full logprob tensors out of the stored records (kept only for the agreement)."""
+    for per in raw_scenarios.values():
         for recs in (per.get("records") or {}).values():
             for r in recs:
                 r.pop("logprobs_all", None)
@@ -184,17 +230,45 @@ def shape(raw: dict) -> dict:
                 p["warm"].pop("logprobs_all", None)
         for c in (per.get("continuation") or {}).values():
             c.pop("logprobs_all", None)
+
+
+def shape(raw: dict) -> dict:
+    """The JSON: settings, per-system figures, agreement, goals; the raw records without tensors."""
+    first = raw["raw"][next(iter(raw["raw"]))] if raw["raw"] else {}
+    names = list(first.get("pairs", first.get("records", {})))
+    vllm_names = [n for n in names if n.startswith("vllm:")]
+    agree = {n: {s: agreement(flat_records(d, OURS, s), flat_records(d, n, s)) for s, d in raw["raw"].items()}
+             for n in vllm_names}
+    vconfigs = {n.split(":", 1)[1]: {"scenarios": system_figures(raw, n), "agreement_with_ours": agree[n]}
+                for n in vllm_names}
+    for name, ready in raw["vllm_ready"].items():
+        vconfigs.setdefault(name, {"scenarios": {}, "agreement_with_ours": {}})
+        vconfigs[name] |= {"settings": ready.get("settings"), "started": bool(ready.get("ok")),
+                           "start_error": ready.get("error"), "resolved": ready.get("resolved"),
+                           "start_s": ready.get("start_s"),
+                           "state_memory": vllm_state_bytes(ready, raw["model"]["layers"].count("M"))}
+    first_ready = next(iter(raw["vllm_ready"].values()), {})
+    systems = {OURS: {"scenarios": system_figures(raw, OURS) if names else {}, "settings": raw["our_engine"],
+                      "policy": raw["our_engine"].get("policy"), "state_memory": raw.get("ours_state")}}
+    for config, key in SYSTEM_KEYS.items():
+        if config in vconfigs or config == "default":
+            systems[key] = _vllm_system(vconfigs, config, first_ready)
+    systems["vllm"] |= {"device": raw["environment"]["device_name"], "env": raw["vllm_env"], "configs": vconfigs}
+    ident = _identical(agree)["met"]
+    by_config = {n: goals(systems[OURS]["scenarios"], c["scenarios"], _identical({n: agree.get(f"vllm:{n}", {})}))
+                 for n, c in vconfigs.items() if c.get("scenarios")}
+    against = vconfigs.get(GOALS_AGAINST, {})
+    main_goals = goals(systems[OURS]["scenarios"], against["scenarios"], _identical(agree)) \
+        if against.get("scenarios") else {}
+    _strip_tensors(raw["raw"])
     return {k: raw[k] for k in ("config", "environment", "model", "checkpoint", "machine_load", "probes",
                                 "measure_seconds", "our_dtype_check", "effective_settings") if k in raw} | {
         "systems": systems, "agreement": agree, "greedy_tokens_identical": ident,
         "mean_recomputed_tokens": {s: systems[s]["scenarios"].get("random_lengths", {}).get("mean_recomputed_tokens")
                                    for s in systems} | {f"vllm:{n}": c["scenarios"].get("random_lengths", {}).get(
                                        "mean_recomputed_tokens") for n, c in vconfigs.items()},
-        "goals": goals(systems[OURS]["scenarios"], systems["vllm"]["scenarios"], ident) if names else {},
-        "goals_by_vllm_config": {n: goals(systems[OURS]["scenarios"], c["scenarios"], all(
-            a["greedy_tokens_identical"] for a in agree.get(f"vllm:{n}", {}).values()) and f"vllm:{n}" in agree)
-            for n, c in vconfigs.items() if c.get("scenarios")},
-        "raw": raw["raw"]}
+        "goals_against": SYSTEM_KEYS[GOALS_AGAINST] if main_goals else None, "goals": main_goals,
+        "goals_by_vllm_config": by_config, "raw": raw["raw"]}
 
 
 def write_all(result: dict, out: Path) -> None:
@@ -214,10 +288,23 @@ def series(result: dict) -> dict[str, dict]:
     return out
 
 
-def _warm_restore_points(ax, systems: dict, names: list[str], fs) -> None:
+def our_policy(result: dict) -> str:
+    return result["systems"][OURS].get("policy") or result["systems"][OURS]["settings"].get("policy") or "aligned"
+
+
+def _style(result: dict, name: str, fs) -> dict:
+    """A system's fixed style; ours takes its placement policy's (ours-plus purple, aligned green)."""
+    return fs.style(our_policy(result)) if name == OURS else fs.style(name)
+
+
+def _label(result: dict, name: str) -> str:
+    return f"ours ({our_policy(result)})" if name == OURS else name
+
+
+def _warm_restore_points(ax, result: dict, systems: dict, names: list[str], fs) -> None:
     """Cold (hollow) and warm (filled) median TTFT per system, as points, each with its value."""
     for k, n in enumerate(names):  # points, not bars, on the log axis: cold hollow, warm filled
-        f, st = systems[n]["warm_restore"], fs.style(n)
+        f, st = systems[n]["warm_restore"], _style(result, n, fs)
         cold, warm = f["cold_ttft_s"], f["warm_ttft_s"]
         if cold:
             ax.plot([k - 0.15], [cold], linestyle="none", ms=10, mfc="none", mew=2, **st)
@@ -225,26 +312,27 @@ def _warm_restore_points(ax, systems: dict, names: list[str], fs) -> None:
                         ha="right", va="center", fontsize=7)
         if warm:
             ax.plot([k + 0.15], [warm], linestyle="none", ms=10, **st)
-            ax.annotate(f"{warm * 1e3:.0f} ms\n{f['mean_recomputed_tokens']:.0f} tok", (k + 0.15, warm),
+            rec = f["mean_recomputed_tokens"]
+            ax.annotate(f"{warm * 1e3:.0f} ms\n{'-' if rec is None else f'{rec:.0f}'} tok", (k + 0.15, warm),
                         xytext=(8, 0), textcoords="offset points", ha="left", va="center", fontsize=7)
 
 
 def _warm_restore_goal_marks(ax, names: list[str], goals: dict, fs) -> None:
-    """The TTFT goals' bounds (vLLM default's warm TTFT, 1.5 x its cold TTFT) beside ours."""
+    """The TTFT goals' bounds (bound x vLLM shared-prefix's warm and cold TTFT) beside ours."""
     if OURS not in names:
         return
     k = names.index(OURS)
-    for key, x, text in (("warm_ttft_le", k + 0.15, "warm <= vLLM default's"),
-                         ("cold_ttft_within_1.5x", k - 0.15, "cold <= 1.5 x vLLM default's")):
+    for key, x, text in (("warm_ttft_le_half", k + 0.15, "warm <= 0.5 x vLLM shared-prefix's"),
+                         ("cold_ttft_le", k - 0.15, "cold <= vLLM shared-prefix's")):
         g = goals.get(key)
-        if g and g.get("vllm_s"):
-            bound = g["vllm_s"] * (1.5 if key.startswith("cold") else 1.0)
-            fs.goal_marks(ax, [x], [bound], f"ours {text}", ms=20, alpha=1.0 if key.startswith("warm") else 0.55)
+        if g and g.get("vllm"):
+            fs.goal_marks(ax, [x], [g["bound"] * g["vllm"]], f"ours {text}", ms=20,
+                          alpha=1.0 if key.startswith("warm") else 0.55)
 
 
-def _warm_restore_axis(ax, names: list[str], prompt_len: int) -> None:
+def _warm_restore_axis(ax, result: dict, names: list[str], prompt_len: int) -> None:
     """Ticks, log scale, labels and title of the warm-restore panel."""
-    ax.set_xticks(range(len(names)), [f"{n}\ncold (hollow) | warm" for n in names], fontsize=8)
+    ax.set_xticks(range(len(names)), [f"{_label(result, n)}\ncold (hollow) | warm" for n in names], fontsize=8)
     ax.set_xlim(-0.7, len(names) - 0.3)
     ax.set_yscale("log")
     ax.set_ylabel("TTFT (s, median)")
@@ -252,73 +340,106 @@ def _warm_restore_axis(ax, names: list[str], prompt_len: int) -> None:
     ax.set_title(f"warm restore: {prompt_len}-token prompt, then the same again", fontsize=10)
 
 
-def _per_request_points(ax_rec, ax_rl, ax_mc, systems: dict, fs) -> None:
-    """Every request's recomputed tokens and warm TTFT (random lengths) and TTFT (Mooncake), per system."""
+def _offsets(systems: dict) -> dict[str, float]:
+    """Each system's x offset in the per-slice panel (side by side around the slice's tick)."""
+    return {n: (i - (len(systems) - 1) / 2) * 0.2 for i, n in enumerate(systems)}
+
+
+def _per_request_points(axes: dict, result: dict, systems: dict, fs) -> None:
+    """Every request's recomputed tokens and warm TTFT (random lengths), TTFT (each slice), and the
+    slices' summed recomputed tokens, per system."""
     for n, sc in systems.items():
-        st = fs.style(n)
+        st, label, dx = _style(result, n, fs), _label(result, n), _offsets(systems)[n]
         if "random_lengths" in sc:
             f = sc["random_lengths"]
-            ax_rec.plot(f["prompt_lens"], f["warm_recomputed_tokens"], linestyle="none", ms=4, alpha=0.8,
-                        label=f"{n} (mean {f['mean_recomputed_tokens']:.0f})", **st)
-            ax_rl.plot(f["prompt_lens"], f["warm_ttft_s_all"], linestyle="none", ms=4, alpha=0.8, label=n, **st)
-        if "mooncake" in sc:
-            f = sc["mooncake"]
-            ax_mc.plot(range(f["n"]), f["ttft_s_all"], ms=4, label=n, lw=0.8, **st)
+            rec = f["mean_recomputed_tokens"]
+            axes["rec"].plot(f["prompt_lens"], f["warm_recomputed_tokens"], linestyle="none", ms=4, alpha=0.8,
+                             label=f"{label} (mean {'-' if rec is None else f'{rec:.0f}'})", **st)
+            axes["rl"].plot(f["prompt_lens"], f["warm_ttft_s_all"], linestyle="none", ms=4, alpha=0.8, label=label,
+                            **st)
+        for k, scenario in enumerate(SLICES):
+            if scenario in sc:
+                f = sc[scenario]
+                axes[scenario].plot(range(f["n"]), f["ttft_s_all"], ms=4, label=label, lw=0.8, **st)
+                total = f["total_recomputed_tokens"]
+                axes["sum"].plot([k + dx], [max(total, 1)], linestyle="none", ms=9, alpha=0.85,
+                                 label=label if k == 0 or "mooncake" not in sc else None, **st)
+                axes["sum"].annotate(f"{total}", (k + dx, max(total, 1)), xytext=(0, -12), textcoords="offset points",
+                                     ha="center", va="top", fontsize=7)
 
 
-def _per_request_axes(ax_rec, ax_rl, ax_mc, goals: dict, fs) -> None:
-    """The recomputed-tokens goal line, then the labels, scales, titles and grids of the per-request panels."""
+def _per_request_axes(axes: dict, result: dict, systems: dict, goals: dict, fs) -> None:
+    """The goal lines and marks, then the labels, scales, titles and grids of the per-request panels."""
     g = goals.get("recomputed_le_fifth")
     if g and g.get("vllm"):
-        fs.goal_line(ax_rec, g["vllm"] / 5, f"ours' mean <= 1/5 of vLLM default's ({g['vllm'] / 5:.0f})",
-                     where="left")
-    ax_rec.set(xlabel="prompt tokens", ylabel="tokens recomputed by the warm request", yscale="symlog")
-    ax_rec.set_title("random lengths: recomputed tokens of the byte-identical request", fontsize=10)
-    ax_rl.set(xlabel="prompt tokens", ylabel="warm TTFT (s)", yscale="log")
-    ax_rl.set_title("random lengths: warm TTFT", fontsize=10)
-    ax_mc.set(xlabel="request (arrival order)", ylabel="TTFT (s)", yscale="log")
-    ax_mc.set_title("Mooncake conversation slice (chains reading)", fontsize=10)
-    for ax in (ax_rec, ax_rl, ax_mc):
+        fs.goal_line(axes["rec"], g["vllm"] * g["bound"], f"ours' mean <= 1/5 of vLLM shared-prefix's "
+                     f"({g['vllm'] * g['bound']:.1f}, both repeat scenarios)", where="left")
+    for k, scenario in enumerate(SLICES):
+        g = goals.get(f"recomputed_below_{scenario}")
+        if g and g.get("vllm"):
+            dx = _offsets(systems).get(OURS, 0.0)  # the bound beside ours
+            fs.goal_marks(axes["sum"], [k + dx], [g["vllm"]], "ours < vLLM shared-prefix's" if k == 0 else None, ms=20)
+    cfg = result["config"]
+    axes["rec"].set(xlabel="prompt tokens", ylabel="tokens recomputed by the warm request", yscale="symlog")
+    axes["rec"].set_title("random lengths: recomputed tokens of the byte-identical request", fontsize=10)
+    axes["rl"].set(xlabel="prompt tokens", ylabel="warm TTFT (s)", yscale="log")
+    axes["rl"].set_title("random lengths: warm TTFT", fontsize=10)
+    for scenario, what in (("mooncake", f"Mooncake conversation slice ({cfg.get('mooncake_sessions')} sessions)"),
+                           ("sharegpt", f"ShareGPT slice ({cfg.get('sharegpt_conversations')} conversations)")):
+        axes[scenario].set(xlabel="request (arrival order)", ylabel="TTFT (s)", yscale="log")
+        axes[scenario].set_title(what, fontsize=10)
+    axes["sum"].set(ylabel="recomputed prompt tokens (sum over the slice)", yscale="log")
+    axes["sum"].set_xticks(range(len(SLICES)), list(SLICES))
+    axes["sum"].set_xlim(-0.6, len(SLICES) - 0.4)
+    axes["sum"].set_title("trace slices: prompt tokens recomputed", fontsize=10)
+    for ax in axes.values():
         ax.grid(alpha=0.3, which="both")
 
 
-def _legends(ax_wr, ax_rec, ax_rl, ax_mc) -> None:
+def _legends(axes: dict) -> None:
     """Each panel's legend, with headroom above the data for the two upper-left ones."""
-    ax_wr.legend(fontsize=7, loc="center right")
-    ax_rec.legend(fontsize=7, loc="upper left", ncol=3)
-    ax_rl.legend(fontsize=7, loc="upper left", ncol=3)
-    ax_mc.legend(fontsize=7, loc="upper right", ncol=3)
-    for ax, room in ((ax_rec, 8), (ax_rl, 3)):
+    for key, kw in (("wr", dict(loc="center right")), ("rec", dict(loc="upper left", ncol=2)),
+                    ("rl", dict(loc="upper left", ncol=2)), ("mooncake", dict(loc="upper right", ncol=2)),
+                    ("sharegpt", dict(loc="upper right", ncol=2)), ("sum", dict(loc="upper center", ncol=2))):
+        if axes[key].get_legend_handles_labels()[0]:
+            axes[key].legend(fontsize=7, **kw)
+    for key, room in (("rec", 8), ("rl", 3), ("sum", 8)):
+        ax = axes[key]
         lo, hi = ax.get_ylim()
-        ax.set_ylim(max(lo, 0) if ax.get_yscale() == "symlog" else lo, hi * room)  # room for the legend
+        lo = max(lo, 0) if ax.get_yscale() == "symlog" else lo / 3 if key == "sum" else lo  # "sum": its labels below
+        ax.set_ylim(lo, hi * room)  # room for the legend
 
 
 def _figure_title(fig, result: dict, fs) -> None:
     """The figure's title block: the systems, the workloads, the model and the device."""
     env, cfg = result["environment"], result["config"]
-    fs.title(fig, f"Ours vs vLLM {result['systems']['vllm']['version']}, side by side on one machine",
+    fs.title(fig, f"Ours ({our_policy(result)}) vs vLLM {result['systems']['vllm']['version']}, side by side "
+                  "on one machine",
              workload=f"warm restore ({cfg['prompt_len']} tokens x {cfg['repeats']}), {cfg['random_count']} random "
-                      f"lengths, Mooncake slice ({cfg['mooncake_sessions']} sessions)",
+                      f"lengths, Mooncake slice ({cfg['mooncake_sessions']} sessions), ShareGPT slice "
+                      f"({cfg.get('sharegpt_conversations')} conversations)",
              model=f"{cfg['model']} checkpoint ({cfg['dtype']}, {cfg['threads']} thread(s) each)",
-             device=f"{env['device_name']}, measured, both systems", extra=["goals: vs vLLM's default configuration"])
+             device=f"{env['device_name']}, measured, both systems",
+             extra=[f"goals: vs vLLM's {GOALS_AGAINST} configuration"])
 
 
 def plot(result: dict, path: Path) -> Path:
-    """peer_vllm.png: warm restore TTFT, random lengths' recomputed tokens and warm TTFT, Mooncake TTFT."""
+    """peer_vllm.png: warm restore TTFT, random lengths' recomputed tokens and warm TTFT, each slice's
+    TTFT per request and its summed recomputed tokens."""
     from experiments.common import figure_style as fs
 
     plt = fs.pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(14, 9))
-    (ax_wr, ax_rec), (ax_rl, ax_mc) = axes
+    fig, grid = plt.subplots(2, 3, figsize=(19, 9.5))
+    axes = dict(zip(("wr", "rec", "rl", "mooncake", "sharegpt", "sum"), grid.flat))
     systems = series(result)
     goals = result.get("goals", {})
     names = [n for n in systems if "warm_restore" in systems[n]]
-    _warm_restore_points(ax_wr, systems, names, fs)
-    _warm_restore_goal_marks(ax_wr, names, goals, fs)
-    _warm_restore_axis(ax_wr, names, result["config"]["prompt_len"])
-    _per_request_points(ax_rec, ax_rl, ax_mc, systems, fs)
-    _per_request_axes(ax_rec, ax_rl, ax_mc, goals, fs)
-    _legends(ax_wr, ax_rec, ax_rl, ax_mc)
+    _warm_restore_points(axes["wr"], result, systems, names, fs)
+    _warm_restore_goal_marks(axes["wr"], names, goals, fs)
+    _warm_restore_axis(axes["wr"], result, names, result["config"]["prompt_len"])
+    _per_request_points(axes, result, systems, fs)
+    _per_request_axes(axes, result, systems, goals, fs)
+    _legends(axes)
     _figure_title(fig, result, fs)
     return fs.save(fig, path)
 
@@ -338,11 +459,13 @@ def _scenario_rows(systems: dict, scenario: str) -> list[str]:
         f = sc.get(scenario)
         if not f:
             continue
-        if scenario == "mooncake":
-            rows.append(f"| {n} | {f['n']} ({f['n_first_turns']} first turns) | {_s(f['cold_ttft_s'])} | "
-                        f"{_s(f['warm_ttft_s'])} | {sum(c or 0 for c in f['cached_tokens'])} | "
+        if scenario in SLICES:
+            rows.append(f"| {n} | {f['n']} ({f['n_first_turns']} first turns) | {_s(f.get('ttft_s'))} | "
+                        f"{_s(f['cold_ttft_s'])} | {_s(f['warm_ttft_s'])} | "
+                        f"{sum(c or 0 for c in f['cached_tokens'])} | "
                         f"{f['total_recomputed_tokens']} of {f['total_prompt_tokens']} "
-                        f"(continuations: {f['continuation_recomputed_tokens']}) | {len(f['errors'])} |")
+                        f"(continuations: {f['continuation_recomputed_tokens']}) | "
+                        f"{_n(f['mean_recomputed_tokens'], '{:.1f}')} | {len(f['errors'])} |")
         else:
             cached = mean(f["warm_cached_tokens"])
             rows.append(f"| {n} | {f['n']} | {_s(f['cold_ttft_s'])} | {_s(f['warm_ttft_s'])} | {_n(cached)} | "
@@ -359,28 +482,43 @@ def _agreement_rows(result: dict) -> list[str]:
     return rows
 
 
+GOAL_LABELS = {  # goal key -> what it asks, in the report's words
+    "recomputed_le_fifth": "mean recomputed tokens of the byte-identical repeats <= 1/5 of vLLM's",
+    "warm_ttft_le_half": "warm TTFT <= 0.5x vLLM's", "warm_ttft_le_half_random_lengths": "warm TTFT <= 0.5x vLLM's",
+    "cold_ttft_le": "cold TTFT <= vLLM's", "cold_ttft_le_random_lengths": "cold TTFT <= vLLM's",
+    "recomputed_below_mooncake": "recomputed tokens below vLLM's",
+    "recomputed_below_sharegpt": "recomputed tokens below vLLM's",
+}
+
+
+def _goal_figures(key: str, r: dict) -> str:
+    """A goal's two numbers, ratio and extras, as one cell."""
+    if key.startswith("recomputed_below"):
+        return (f"{r['ours']} vs {r['vllm']} tokens over {r['n']} requests (ratio {_n(r['ratio'], '{:.3f}')}; "
+                f"means {_n(r['ours_mean'], '{:.1f}')} vs {_n(r['vllm_mean'], '{:.1f}')})")
+    if key.startswith("recomputed"):
+        return f"{r['ours']:.2f} vs {r['vllm']:.2f} over {r['n']} repeats (ratio {_n(r['ratio'], '{:.3f}')})"
+    extra = ""
+    if r.get("pair_ratios"):
+        extra = (f"; median per-pair ratio {_n(r['median_pair_ratio'], '{:.2f}')}, ratio of minima "
+                 f"{_n(r['ratio_of_minima'], '{:.2f}')}")
+    return f"{_s(r['ours'])} vs {_s(r['vllm'])} (ratio {_n(r['ratio'], '{:.2f}')}{extra})"
+
+
 def _goal_rows(result: dict) -> list[str]:
-    """One row per goal and vLLM configuration ("default" is the issue's "vllm")."""
+    """One row per goal and vLLM configuration (the goals proper: against shared_prefix)."""
     rows = []
-    by = result.get("goals_by_vllm_config") or {"default": result["goals"]}
-    for name, g in by.items():
-        met = lambda r: "**met**" if r["met"] else "**missed**"  # noqa: E731
-        rows.append(f"| identical greedy tokens | {name} | {met(g['greedy_tokens_identical'])} | every compared request |")
-        if "recomputed_le_fifth" in g:
-            r = g["recomputed_le_fifth"]
-            rows.append(f"| mean recomputed tokens (random lengths) <= 1/5 of vLLM's | {name} | {met(r)} | "
-                        f"{r['ours']:.1f} vs {r['vllm']:.1f} (ratio {r['ratio']:.3f}) |")
-        for key, label in (("warm_ttft_le", "warm TTFT <= vLLM's"), ("cold_ttft_within_1.5x",
-                                                                     "cold TTFT <= 1.5x vLLM's"),
-                           ("cold_ttft_within_1.5x_random_lengths", "cold TTFT <= 1.5x vLLM's")):
+    by = result.get("goals_by_vllm_config") or {}
+    met = lambda r: "**met**" if r["met"] else "**missed**"  # noqa: E731
+    for name in sorted(by, key=lambda n: n != GOALS_AGAINST):  # the goals' own configuration first
+        g = by[name]
+        i = g["greedy_tokens_identical"]
+        rows.append(f"| identical greedy tokens | {name} | {met(i)} | {i['identical']}/{i['compared']} requests |")
+        for key, label in GOAL_LABELS.items():
             if key in g:
                 r = g[key]
-                extra = ""
-                if "pair_ratios" in r:
-                    extra = (f"; ratio of minima {r['ratio_of_minima']:.2f}, per pair "
-                             f"{', '.join(f'{x:.2f}' for x in r['pair_ratios'])}")
-                rows.append(f"| {label} ({r['scenario']}, medians) | {name} | {met(r)} | {_s(r['ours_s'])} vs "
-                            f"{_s(r['vllm_s'])} (ratio {r['ratio']:.2f}{extra}) |")
+                where = ", ".join(r["scenario"]) if isinstance(r["scenario"], list) else r["scenario"]
+                rows.append(f"| {label} ({where}, {r['statistic']}) | {name} | {met(r)} | {_goal_figures(key, r)} |")
     return rows
 
 
@@ -402,9 +540,12 @@ def _header_lines(result: dict) -> list[str]:
     load = result.get("machine_load", {})
     return [
         "# Side by side with vLLM: the same checkpoint, token ids, dtype and threads", "",
-        f"Command: `python -m experiments.peer_vllm --prompt-len {cfg['prompt_len']} --repeats {cfg['repeats']} "
-        f"--random-count {cfg['random_count']} --mooncake-sessions {cfg['mooncake_sessions']}` "
-        f"(vLLM run by `{cfg['vllm_python']}`)  ",
+        f"Command: `python -m experiments.peer_vllm --our-policy {our_policy(result)} --prompt-len {cfg['prompt_len']} "
+        f"--repeats {cfg['repeats']} --random-count {cfg['random_count']} "
+        f"--mooncake-sessions {cfg['mooncake_sessions']} "
+        f"--sharegpt-conversations {cfg.get('sharegpt_conversations')}` (vLLM run by `{cfg['vllm_python']}`)  ",
+        f"Ours: policy `{our_policy(result)}`, capture in the pass; as it ran: "
+        f"`{(result.get('effective_settings') or {}).get(our_policy(result))}`.  ",
         f"Device: {env['device_name']}; ours: torch {env['torch']}, Python {env['python']}; vLLM {v['version']} "
         f"(torch {v['torch']}); {env['date']}; {result.get('measure_seconds', 0):.0f} s of measurement.  ",
         f"Load average (1 min) at start {_n((load.get('loadavg_start') or [None])[0], '{:.2f}')}, at end "
@@ -417,24 +558,30 @@ def _header_lines(result: dict) -> list[str]:
         "Every request is served alone with one output token; TTFT is the wall time of the call (vLLM: one "
         "`LLM.generate`, ours: `runs.serve`). Systems alternate request by request, the order flipping each time. "
         "*Cached* = tokens not run again (ours: the SSM restore point; vLLM: `num_cached_tokens`); *recomputed* = "
-        "prompt - cached.", "",
+        "prompt - cached. The trace slices send each prompt alone (one output token): a later turn's prompt "
+        "holds the earlier replies as tokens, which no system generated, so a turn recomputes at least the "
+        "previous reply and its new user message.", "",
     ]
 
 
 def _scenario_sections(result: dict, systems: dict) -> list[str]:
-    """The warm restore, random lengths and Mooncake tables, one row per system."""
+    """The warm restore, random lengths, Mooncake and ShareGPT tables, one row per system."""
     cfg = result["config"]
     head = ["| system | requests | cold TTFT (median) | warm TTFT (median) | cached tokens (mean, warm) | "
             "recomputed tokens (mean, warm) | errors |", "|---|---|---|---|---|---|---|"]
+    slice_head = ["| system | requests | TTFT (median) | first-turn TTFT (median) | continuation TTFT (median) | "
+                  "cached tokens (sum) | recomputed tokens (sum) | recomputed tokens (mean) | errors |",
+                  "|---|---|---|---|---|---|---|---|---|"]
     return [
         f"## Warm restore ({cfg['prompt_len']} tokens, {cfg['repeats']} paired repeats, a fresh prompt each)", "",
         *head, *_scenario_rows(systems, "warm_restore"), "",
         f"## Random lengths ({cfg['random_count']} seeded lengths in [{cfg['random_min']}, {cfg['random_max']}])", "",
         *head, *_scenario_rows(systems, "random_lengths"), "",
         f"## Mooncake conversation slice ({cfg['mooncake_sessions']} sessions, prompts <= {cfg['mooncake_max_prompt']})",
-        "", "| system | requests | first-turn TTFT (median) | continuation TTFT (median) | cached tokens (sum) | "
-            "recomputed tokens (sum) | errors |", "|---|---|---|---|---|---|---|",
-        *_scenario_rows(systems, "mooncake"), "",
+        "", *slice_head, *_scenario_rows(systems, "mooncake"), "",
+        f"## ShareGPT slice ({cfg.get('sharegpt_conversations')} conversations with >= 2 requests, prompts <= "
+        f"{cfg.get('sharegpt_max_prompt')}; Qwen BPE ids folded into the checkpoint's vocabulary, id % vocab)",
+        "", *slice_head, *_scenario_rows(systems, "sharegpt"), "",
     ]
 
 
@@ -444,9 +591,10 @@ def _agreement_and_goal_sections(result: dict) -> list[str]:
         "## Agreement with ours (greedy tokens; first-token top-5 logprobs at vLLM's ids)", "",
         "| vLLM config | scenario | greedy identical | same top-5 ids | max abs logprob diff |", "|---|---|---|---|---|",
         *_agreement_rows(result), "",
-        "## Goals", "", "`\"systems\".\"vllm\"` in the JSON (and the issue's goals) is vLLM's `default` configuration, "
-        "as its documentation sets up hybrid prefix caching; the `shared_prefix` rows hold ours to the same goals "
-        "against vLLM with `prefix_match_unit` 16 (our block) and the shared-prefix checkpoint switch.", "",
+        "## Goals", "", f"The goals (`\"goals\"` in the JSON) hold ours to vLLM's `{GOALS_AGAINST}` configuration "
+        "(`\"systems\".\"vllm_shared_prefix\"`: `prefix_match_unit` 16, our block, and the shared-prefix checkpoint "
+        "switch); the `default` rows (`\"systems\".\"vllm\"`, hybrid prefix caching as vLLM's documentation sets it "
+        "up) hold ours to the same goals. Ratio = ours / vLLM; TTFT goals compare medians.", "",
         "| goal | vs vLLM config | | measured |", "|---|---|---|---|", *_goal_rows(result), "",
     ]
 
@@ -458,7 +606,8 @@ def _state_memory_section(result: dict, systems: dict) -> list[str]:
     held_after = ", ".join(f"{k} {_n(f.get('state_bytes_held_after'))}" for k, f in systems[OURS].items())
     return [
         "## State memory", "",
-        f"Ours: {_n(ours_mem.get('state_bytes_per_snapshot'))} bytes per snapshot (5 Mamba layers' SSM + conv "
+        f"Ours: {_n(ours_mem.get('state_bytes_per_snapshot'))} bytes per snapshot ({vmem.get('mamba_layers')} Mamba "
+        f"layers' SSM + conv "
         f"state), {_n(ours_mem.get('state_bytes_held'))} bytes held at the end of the run (unbounded store; after "
         f"each scenario: {held_after}). "
         f"vLLM: {_n(vmem.get('state_bytes_per_checkpoint'))} bytes per checkpoint ({vmem.get('mamba_layers')} pages of "

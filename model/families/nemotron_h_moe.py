@@ -20,6 +20,7 @@ from torch import nn
 
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
+from model.linear import linear
 from model.mlp import ReluSquaredMLP, relu_squared, relu_squared_
 from model.moe import sorted_expert_mlps, use_grouped_mm
 
@@ -107,8 +108,8 @@ class ReluSquaredExperts(nn.Module):
         for e, n in enumerate(torch.bincount(sorted_experts, minlength=self.up_proj.shape[0]).tolist()):
             if n:
                 rows = slice(start, start + n)
-                ye = F.linear(relu_squared_(F.linear(x.index_select(0, token[rows]), self.up_proj[e])),
-                              self.down_proj[e])
+                ye = linear(relu_squared_(linear(x.index_select(0, token[rows]), self.up_proj[e])),
+                            self.down_proj[e])
                 if pieces is None:
                     torch.mul(ye, sorted_weights[rows], out=out[rows])
                 else:
