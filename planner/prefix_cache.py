@@ -30,6 +30,11 @@ from kernels.checks import require
 from planner.block_pool import ROOT, BlockHash, BlockPool, KVBlock
 
 
+def _parent(block_hashes: Sequence[BlockHash], index: int) -> BlockHash:
+    """The chained hash of the prefix before block `index` (ROOT for the first block)."""
+    return block_hashes[index - 1] if index else ROOT
+
+
 @dataclasses.dataclass(frozen=True)
 class PrefixMatch:
     """A prompt's cached prefix: whole blocks shared by hash, then optionally the first `rows` rows
@@ -110,15 +115,20 @@ class PrefixCache:
         """
         if not self.enabled:
             return []
-        matched: list[KVBlock] = []
-        for h in block_hashes[: len(token_ids) // self.block_size]:
-            block = self.pool.get_cached(h)
-            if block is None:
-                break
-            matched.append(block)
+        matched = self._whole_blocks(block_hashes, len(token_ids) // self.block_size)
         if matched and len(matched) * self.block_size >= len(token_ids):
             matched.pop()
         return matched
+
+    def _whole_blocks(self, block_hashes: Sequence[BlockHash], most: int) -> list[KVBlock]:
+        """The cached blocks of the leading `block_hashes`, at most `most`, up to the first not cached."""
+        blocks: list[KVBlock] = []
+        for h in block_hashes[:most]:
+            block = self.pool.get_cached(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
 
     def find(self, token_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> PrefixMatch:
         """The longest cached prefix of `token_ids`, floored to the match unit and capped at
@@ -127,15 +137,10 @@ class PrefixCache:
         if not self.token_granular or not self.enabled:
             return PrefixMatch(tuple(self.match(token_ids, block_hashes)), bs)
         limit = len(token_ids) - 1
-        blocks: list[KVBlock] = []
-        for h in block_hashes[: limit // bs]:
-            block = self.pool.get_cached(h)
-            if block is None:
-                break
-            blocks.append(block)
+        blocks = self._whole_blocks(block_hashes, limit // bs)
         start = len(blocks) * bs
         want = token_ids[start : min(start + bs, limit)]
-        source, common = self.pool.longest_content_match(block_hashes[len(blocks) - 1] if blocks else ROOT, want)
+        source, common = self.pool.longest_content_match(_parent(block_hashes, len(blocks)), want)
         rows = common // self.match_unit * self.match_unit
         return PrefixMatch(tuple(blocks), bs, source if rows else None, rows)
 
@@ -148,8 +153,8 @@ class PrefixCache:
         """A lease over `match`: its whole blocks adopted and, for a partial block, a fresh block whose
         first `match.rows` rows are to be copied from `match.partial`. Returns the lease and the copy
         (source id, destination id, rows), or None when there is nothing to copy or no free block
-        (the lease then ends at the whole blocks). The caller holds the source (`pool.touch`) until
-        the copy has run, then drops it (`pool.free`)."""
+        (the lease then ends at the whole blocks). With a copy, the source is held (a reference taken
+        here) so no allocation hands it out; the caller drops it (`pool.free`) once the copy has run."""
         lease = self.adopt(match.blocks)
         if match.partial is None:
             return lease, None
@@ -176,7 +181,7 @@ class PrefixCache:
         full = end // bs
         if end % bs == 0 or full >= len(lease.blocks) or full > len(block_hashes):
             return
-        self.pool.register_content(lease.blocks[full], block_hashes[full - 1] if full else ROOT, tokens(full * bs, end))
+        self.pool.register_content(lease.blocks[full], _parent(block_hashes, full), tokens(full * bs, end))
 
     def allocate(self, lease: KVLease, num_tokens: int) -> bool:
         """Grow `lease` to hold `num_tokens` positions; False (lease unchanged) when the pool is short."""
@@ -199,7 +204,7 @@ class PrefixCache:
         full = min(lease.num_computed_tokens // self.block_size, len(block_hashes), len(lease.blocks))
         for i in range(lease.num_published_blocks, full):
             if self.pool.publish(lease.blocks[i], block_hashes[i]) and self.token_granular and tokens is not None:
-                self.pool.register_content(lease.blocks[i], block_hashes[i - 1] if i else ROOT,
+                self.pool.register_content(lease.blocks[i], _parent(block_hashes, i),
                                            tokens(i * self.block_size, (i + 1) * self.block_size))
         lease.num_published_blocks = max(lease.num_published_blocks, full)
 

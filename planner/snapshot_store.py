@@ -233,10 +233,14 @@ class SnapshotStore:
         existing = self._by_anchor.get(anchor, {}).get(tail)
         if existing is None or existing.tier:
             return None
-        existing.last_used = next(self._clock)
-        self._lru.move_to_end((anchor, tail))
-        self.stats.duplicates += 1
+        self._count_duplicate(existing, next(self._clock))
         return existing
+
+    def _count_duplicate(self, snap: Snapshot, now: int) -> None:
+        """A save of a prefix already held: the held snapshot is refreshed (most recently used)."""
+        snap.last_used = now
+        self._lru.move_to_end(snap.key)
+        self.stats.duplicates += 1
 
     def save(self, token_ids: Sequence[int], position: int, state: Any, block_hashes: Sequence[BlockHash],
              flops_saved: float = 0.0, origin: str = "chunk") -> bool:
@@ -250,9 +254,7 @@ class SnapshotStore:
         now = next(self._clock)
         existing = self._by_anchor.get(anchor, {}).get(tail)
         if existing is not None:  # the same prefix again: the stored state is equivalent
-            existing.last_used = now
-            self._lru.move_to_end((anchor, tail))
-            self.stats.duplicates += 1
+            self._count_duplicate(existing, now)
             if existing.tier:  # the state is in hand on the device: keep it there, no transfer
                 existing.state = state if existing.state is None else existing.state  # a spilled one: not read back
                 self._promote(existing, now)

@@ -397,8 +397,7 @@ class Engine:
             position = req.num_tokens - 1  # the last sampled token never ran
             held = self.snapshots.refresh(req.all_token_ids, position, req.block_hashes)
             if held is not None:  # an identical repeat's: no copy of a state the store holds (0.3 ms)
-                req.metrics.snapshot_positions.append(position)
-                req.metrics.snapshot_bytes += held.nbytes
+                self._record_save(req, position, held.nbytes)
                 return
             tracked = (position, self.runner.read_state(slot))
         if tracked is not None:
@@ -428,5 +427,10 @@ class Engine:
     def _save(self, req: Request, position: int, state: Any, origin: str) -> None:
         if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
                                flops_saved=self.snapshot_flops(position), origin=origin):
-            req.metrics.snapshot_positions.append(position)
-            req.metrics.snapshot_bytes += int(state.nbytes)
+            self._record_save(req, position, int(state.nbytes))
+
+    @staticmethod
+    def _record_save(req: Request, position: int, nbytes: int) -> None:
+        """A snapshot the store holds for `req` (new or refreshed): in the request's metrics."""
+        req.metrics.snapshot_positions.append(position)
+        req.metrics.snapshot_bytes += nbytes
