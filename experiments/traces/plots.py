@@ -129,7 +129,9 @@ def plot_all(out: Path) -> list[Path]:
                       eviction=f"{config['eviction']} for every policy" if config.get("eviction")
                       else "each policy's own (in the legend)" if all(p.get("eviction") for p in pols.values())
                       else "each policy's default (in the legend; this summary does not record it)",
-                      simulated=summary.get("simulated", True))
+                      simulated=summary.get("simulated", True),
+                      extra=(f"prefix match unit {config['prefix_match_unit']} token(s), every policy but the optimum",)
+                      if config.get("prefix_match_unit") else ())
 
         fig, ax = plt.subplots(figsize=(9, 4.8))
         _hits(ax, pols, prompt, budgets, evs)
