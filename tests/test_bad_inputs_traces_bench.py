@@ -85,6 +85,9 @@ CASES = [
     ("traces-shard-out-of-range", "traces", [*SYN, "--shard", "2/2", "--out", "{d}/o"], {}, "--shard"),
     ("traces-shard-without-out", "traces", [*SYN, "--shard", "0/2"], {}, "--shard"),
     ("traces-ray-and-shard", "traces", [*SYN, "--ray", "--shard", "0/2", "--out", "{d}/o"], {}, "--ray"),
+    # an address means Ray (as in traces.factorial), so it meets the same check
+    ("traces-ray-address-and-shard", "traces", [*SYN, "--ray-address", "127.0.0.1:1", "--shard", "0/2", "--out",
+                                                "{d}/o"], {}, "--ray"),
     ("traces-no-trace", "traces", ["--policy", "aligned"], {}, "--trace"),
     ("traces-publish", "traces", [*SYN, "--publish"], {}, "--publish"),
     ("traces-merge-no-parts", "traces", ["--merge", "--out", "{d}/o"], {"o/keep.txt": "x"}, "no part files"),

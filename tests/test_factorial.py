@@ -19,10 +19,12 @@ class Args:
 def test_every_pair_in_every_cell_then_the_optimum_per_cell():
     pts = factorial.points(Args)
     # marconi's own eviction (flop_aware) joins the listed two; ours-plus's (learned_value) is listed
-    assert len(pts) == (2 * 2 + 1) * 4 + 4  # pairs x cells, plus one optimum per cell
+    assert len(pts) == (2 * 2 + 1) * 4 + 4 + 1  # pairs x cells, one optimum per cell, ours-plus unbounded
     assert sum(p["eviction"] == "flop_aware" for p in pts) == 4
-    assert {(p["budget_gb"], p["host_gb"]) for p in pts} == {(0.25, 0.0), (4.0, 0.0), (0.25, 256.0), (4.0, 256.0)}
-    assert [p["policy"] for p in pts[-4:]] == ["optimum"] * 4 and len({factorial.key(p) for p in pts}) == len(pts)
+    assert {(p["budget_gb"], p["host_gb"]) for p in pts[:-1]} == {(0.25, 0.0), (4.0, 0.0), (0.25, 256.0),
+                                                                  (4.0, 256.0)}
+    assert [p["policy"] for p in pts[-5:-1]] == ["optimum"] * 4 and len({factorial.key(p) for p in pts}) == len(pts)
+    assert pts[-1] == {"policy": "ours-plus", "eviction": "learned_value", "budget_gb": None, "host_gb": 0.0}
 
 
 def row(policy, eviction, tokens, budget=0.25, host=0.0):
@@ -39,8 +41,26 @@ def test_the_verdict_compares_ours_plus_own_eviction_with_the_best_other_pair():
     # ours-plus's own eviction is learned_value (900); the best other pair is its own placement with lru
     assert (v["ours_plus"], v["best_other"], v["best_other_tokens"]) == (900, "ours-plus+lru", 1000)
     assert v["ratio"] == pytest.approx(0.9) and not v["wins"] and v["optimum"] == 2000
+    # against other placements only, the best is marconi+lru (950), not ours-plus+lru
+    assert v["best_other_placement"] == "marconi+lru" and v["ratio_other_placement"] == pytest.approx(900 / 950)
     rows[0]["ssm_hit_tokens"] = 1000  # a tie counts as a win: at least as many
     assert factorial.verdicts(rows, One)[0]["wins"]
+    assert v["of_unbounded"] is None  # no unbounded run among the rows
+
+
+def test_the_host_goal_reads_ours_plus_against_its_own_unbounded_run():
+    class Two(Args):
+        budget_gb, host_gb = [4.0], [0.0, 256.0]
+
+    rows = [dict(row("ours-plus", "learned_value", 900, 4.0, 0.0), ttft_s_p50=3.0),
+            dict(row("ours-plus", "learned_value", 1940, 4.0, 256.0), ttft_s_p50=2.1),
+            dict(row("marconi", "lru", 800, 4.0, 0.0), ttft_s_p50=1.0),  # a peer, not the reference
+            dict(row("marconi", "lru", 1000, 4.0, 256.0), ttft_s_p50=1.0),
+            dict(row("ours-plus", "lru", 5000, None, 0.0), ttft_s_p50=0.5),  # unbounded, not ours-plus's own eviction
+            dict(row("ours-plus", "learned_value", 2000, None, 0.0), ttft_s_p50=2.0)]
+    no_host, host = factorial.verdicts(rows, Two)
+    assert host["of_unbounded"] == pytest.approx(0.97) and host["ttft_p50_over_unbounded"] == pytest.approx(1.05)
+    assert no_host["of_unbounded"] == pytest.approx(0.45) and no_host["ttft_p50_over_unbounded"] == pytest.approx(1.5)
 
 
 def test_a_small_run_writes_its_files_and_resumes(tmp_path, monkeypatch):
@@ -51,9 +71,11 @@ def test_a_small_run_writes_its_files_and_resumes(tmp_path, monkeypatch):
     assert factorial.main(argv) == 0
     data = json.loads((out / "factorial.json").read_text())
     # 2 placements x 2 evictions, + each placement's own (marconi flop_aware, ours-plus learned_value), x 2 cells
-    assert len(data["rows"]) == (2 * 2 + 2) * 2 + 2 and data["simulated"] is True
+    assert len(data["rows"]) == (2 * 2 + 2) * 2 + 2 + 1 and data["simulated"] is True
     assert {(v["budget_gb"], v["host_gb"]) for v in data["verdicts"]} == {(0.2, 0.0), (0.2, 64.0)}
     assert all((out / name).is_file() for name in ("factorial.csv", "factorial.md", "factorial.png", "points.jsonl"))
+    assert [r["budget_gb"] for r in data["rows"]].count(None) == 1 and "ours-plus unbounded:" in (
+        out / "factorial.md").read_text()
     tiered = [r for r in data["rows"] if r["host_gb"] == 64.0 and r["policy"] != "optimum"]
     assert all(r["snapshots_evicted"] == 0 for r in tiered)  # 64 GB of host holds every demoted snapshot
     lines = (out / "points.jsonl").read_text().splitlines()

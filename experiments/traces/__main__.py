@@ -104,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
                     help="keep the points a killed run of the same sweep and shard wrote to its part; run the rest")
     add_replot_flag(ap)
     ap.add_argument("--ray", action="store_true", help="run the points as Ray tasks (optional extra 'sweeps')")
-    ap.add_argument("--ray-address", default=None, help="a Ray cluster's address (default: a local ray.init())")
+    ap.add_argument("--ray-address", default=None, help="a running Ray cluster's address (implies --ray; default: a local Ray)")
     ap.add_argument("--ray-tasks", type=int_in_range(1), default=None, help="Ray tasks = shards (absent: one per point)")
     ap.add_argument("--ray-cpus", type=int_in_range(1), default=None, help="CPUs of the local Ray (default: all)")
     ap.add_argument("--no-plots", action="store_true", help="write the data only")
@@ -115,6 +115,7 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
     """Cross-flag checks, before anything is read or written."""
     if args.trace is None and not (args.merge or args.replot):
         ap.error("the following arguments are required: --trace")
+    args.ray = args.ray or args.ray_address is not None  # an address means Ray, as in traces.factorial
     if args.ray and (args.shard is not None or args.resume):
         ap.error("argument --ray: not with --shard / --resume; choose one")
     if (args.merge or args.resume or args.shard is not None) and args.out is None and not args.publish:
