@@ -23,9 +23,9 @@ def model():
     return from_preset("tiny", seed=0)
 
 
-def engine(model, spill, **extra):
+def engine(model, spill, num_kv_blocks=64, **extra):
     one = model.allocate_cache(1, 16, 1).state_bytes_per_slot  # the device holds one snapshot
-    return Engine.for_model(model, block_size=16, prefill_budget=4096, max_batch_size=1, num_kv_blocks=64,
+    return Engine.for_model(model, block_size=16, prefill_budget=4096, max_batch_size=1, num_kv_blocks=num_kv_blocks,
                             policy="aligned", keep_prompt_logits=True, snapshot_byte_budget=one,
                             snapshot_lower_tiers=(disk_tier(1, spill=spill),), **extra)
 
@@ -86,3 +86,48 @@ def test_file_spill_round_trip_and_checks(model, tmp_path):
         spill.get(handle)
     with pytest.raises(TypeError, match="cannot spill a dict"):
         spill.put({"x": 1})
+
+
+DAMAGES = ("altered", "truncated", "missing", "emptied", "swapped")  # swapped: another valid spill file's bytes
+
+
+def damage(path, how, other):
+    data = path.read_bytes()
+    if how == "altered":
+        path.write_bytes(data[:-8] + bytes(8))
+    elif how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "missing":
+        path.unlink()
+    elif how == "emptied":
+        path.write_bytes(b"")
+    else:  # a well-formed state, but not this one: only the checksum can tell
+        path.write_bytes(other.read_bytes())
+
+
+def test_a_hundred_damaged_spill_files_each_end_in_a_recompute_and_one_log_line(model, tmp_path, caplog):
+    """The issue's bound: 100 corrupted or deleted spill files, every one detected (one warning line
+    each), every request recomputed from 0 with its cold logits; none restores a wrong state."""
+    gen = torch.Generator().manual_seed(20)
+    # 100 tokens each; the first token differs, so no two share a block
+    prompts = [[3 + i] + torch.randint(3, 256, (99,), generator=gen).tolist() for i in range(101)]
+    eng = engine(model, FileSpill(tmp_path), num_kv_blocks=1024)  # every prompt's KV stays cached (7 blocks each)
+    cold = [serve(eng, p)[1] for p in prompts]  # the last one's snapshot stays on the device
+    files = spilled_files(tmp_path)
+    assert len(files) == 100 and eng.snapshots.tier_bytes()["disk"] > 0
+    how = [DAMAGES[i % len(DAMAGES)] for i in range(100)]
+    spare = [f.read_bytes() for f in files]
+    for i, path in enumerate(files):
+        if how[i] == "swapped":
+            path.write_bytes(spare[(i + 1) % 100])
+        else:
+            damage(path, how[i], None)
+    with caplog.at_level(logging.WARNING, logger="planner.snapshot_store"):
+        for i, p in enumerate(prompts[:100]):
+            warm, logits = serve(eng, p)
+            assert warm.metrics.kv_match_tokens == 96, (i, how[i])  # 6 cached blocks: the snapshot at 80 was reachable
+            assert warm.metrics.restore_at == 0, (i, how[i])  # recomputed, never restored
+            assert (logits - cold[i]).abs().max().item() <= FP32_LOGITS_ATOL, (i, how[i])
+    lines = [r.getMessage() for r in caplog.records if "did not read back" in r.getMessage()]
+    assert len(lines) == 100 and all("\n" not in line and "snapshot at 80 in disk" in line for line in lines)
+    assert eng.snapshots.stats.spill_failures == 100

@@ -104,7 +104,8 @@ def parser() -> argparse.ArgumentParser:
                     help="keep the points a killed run of the same sweep and shard wrote to its part; run the rest")
     add_replot_flag(ap)
     ap.add_argument("--ray", action="store_true", help="run the points as Ray tasks (optional extra 'sweeps')")
-    ap.add_argument("--ray-address", default=None, help="a running Ray cluster's address (implies --ray; default: a local Ray)")
+    ap.add_argument("--ray-address", default=None,
+                    help="a running Ray cluster's address (implies --ray; default: a local Ray)")
     ap.add_argument("--ray-tasks", type=int_in_range(1), default=None, help="Ray tasks = shards (absent: one per point)")
     ap.add_argument("--ray-cpus", type=int_in_range(1), default=None, help="CPUs of the local Ray (default: all)")
     ap.add_argument("--no-plots", action="store_true", help="write the data only")

@@ -176,7 +176,8 @@ def verdicts(rows: list[dict], args) -> list[dict]:
                     "ratio": ours["ssm_hit_tokens"] / max(best["ssm_hit_tokens"], 1),
                     "wins": ours["ssm_hit_tokens"] >= best["ssm_hit_tokens"],
                     "best_other_placement": f"{placed['policy']}+{placed['eviction']}" if placed else None,
-                    "ratio_other_placement": ours["ssm_hit_tokens"] / max(placed["ssm_hit_tokens"], 1) if placed else None,
+                    "ratio_other_placement": (ours["ssm_hit_tokens"] / max(placed["ssm_hit_tokens"], 1)
+                                              if placed else None),
                     "optimum": ref["ssm_hit_tokens"] if ref else None,
                     "of_unbounded": ours["ssm_hit_tokens"] / max(free["ssm_hit_tokens"], 1) if free else None,
                     "ttft_p50_over_unbounded": ours["ttft_s_p50"] / free["ttft_s_p50"] if free else None})
@@ -202,7 +203,8 @@ def report(rows: list[dict], args, base: dict) -> str:
         lines.append(f"| {v['budget_gb']:g} GB | {v['host_gb']:g} GB | {v['ours_plus']:,} | {v['best_other']} | "
                      f"{v['best_other_tokens']:,} | {v['ratio']:.3f} | "
                      f"{v['optimum']:,} | {'wins' if v['wins'] else 'loses'} | "
-                     f"{ratio(v['ratio_other_placement'])} ({v['best_other_placement'] or '-'}) | {ratio(v['of_unbounded'])} | "
+                     f"{ratio(v['ratio_other_placement'])} ({v['best_other_placement'] or '-'}) | "
+                     f"{ratio(v['of_unbounded'])} | "
                      f"{ratio(v['ttft_p50_over_unbounded'])} |")
     free = unbounded_row(rows)
     if free is not None:
