@@ -235,13 +235,16 @@ def plot(rows: list[dict], args, base: dict, path: Path) -> Path:
     fig, axes = plt.subplots(len(args.host_gb), len(args.budget_gb), figsize=(4.2 * len(args.budget_gb),
                              4.0 * len(args.host_gb)), sharey=False, squeeze=False)
     free = unbounded_row(rows)
+    # the listed evictions, then any placement's own that was run beside them (marconi's flop_aware, say)
+    evictions = list(args.eviction) + sorted({r["eviction"] for r in rows if r["policy"] != REFERENCE}
+                                             - set(args.eviction))
     for ax, (b, h) in zip(axes.flat, [(b, h) for h in args.host_gb for b in args.budget_gb]):
         cell = [r for r in rows if r["budget_gb"] == b and r["host_gb"] == h]
         for i, p in enumerate(args.policy):
-            for j, e in enumerate(args.eviction):
+            for j, e in enumerate(evictions):
                 r = next((r for r in cell if r["policy"] == p and r["eviction"] == e), None)
                 if r is not None:  # colour: the placement; marker: the eviction; side by side
-                    ax.plot(i + 0.14 * (j - (len(args.eviction) - 1) / 2), r["ssm_hit_tokens"] / 1e3,
+                    ax.plot(i + 0.14 * (j - (len(evictions) - 1) / 2), r["ssm_hit_tokens"] / 1e3,
                             linestyle="none", color=fs.color(p), marker=fs.eviction_marker(e),
                             markersize=10 if fs.eviction_marker(e) == "*" else 7)
         ref = next((r for r in cell if r["policy"] == REFERENCE), None)
@@ -256,7 +259,7 @@ def plot(rows: list[dict], args, base: dict, path: Path) -> Path:
         ax.set_ylabel("restored tokens (thousands)")
         ax.grid(axis="y", alpha=0.3)
     handles = [plt.Line2D([], [], color="0.3", linestyle="none", marker=fs.eviction_marker(e), label=e)
-               for e in args.eviction]
+               for e in evictions]
     handles.append(plt.Line2D([], [], color=fs.color(REFERENCE), linestyle=":", label="offline optimum (Belady)"))
     if free is not None:
         handles.append(plt.Line2D([], [], color=fs.color(OURS), linestyle="--", label="ours-plus, unbounded"))
