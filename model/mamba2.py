@@ -45,7 +45,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_limit = config.time_step_limit
         self.chunk_size = config.mamba_chunk_size
         self.in_proj = Linear(config.hidden_size, self.d_inner + self.conv_dim + self.num_heads,
-                                 bias=config.mamba_proj_bias)
+                              bias=config.mamba_proj_bias)
         # nn.Conv1d only to hold HF's parameter shapes ((conv_dim, 1, d_conv) weight); the conv runs in the backend.
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, config.mamba_d_conv, groups=self.conv_dim,
                                 bias=config.mamba_conv_bias)

@@ -53,19 +53,33 @@ def test_a_restore_from_disk_gives_the_cold_logits(model, tmp_path):
     assert eng.snapshots.stats.spill_failures == 0
 
 
+DAMAGES = ("altered", "truncated", "missing", "emptied", "swapped")
+
+
+def spoil(path, how: str, replacement: bytes | None = None) -> None:
+    """Damage a spill file `how` (one of DAMAGES); "swapped" writes `replacement`, another valid spill
+    file's bytes: a well-formed state, but not this one, which only the checksum can tell."""
+    data = path.read_bytes()
+    if how == "altered":
+        path.write_bytes(data[:-8] + bytes(8))
+    elif how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "missing":
+        path.unlink()
+    elif how == "emptied":
+        path.write_bytes(b"")
+    else:
+        assert how == "swapped" and replacement is not None
+        path.write_bytes(replacement)
+
+
 @pytest.mark.parametrize("damage", ["altered", "truncated", "missing"])
 def test_a_damaged_spill_file_is_detected_and_the_request_recomputes(model, tmp_path, caplog, damage):
     eng = engine(model, FileSpill(tmp_path))
     _, cold_logits = serve(eng, A)
     serve(eng, B)
     (path,) = spilled_files(tmp_path)
-    data = path.read_bytes()
-    if damage == "altered":
-        path.write_bytes(data[:-8] + bytes(8))
-    elif damage == "truncated":
-        path.write_bytes(data[: len(data) // 2])
-    else:
-        path.unlink()
+    spoil(path, damage)
     with caplog.at_level(logging.WARNING, logger="planner.snapshot_store"):
         warm, warm_logits = serve(eng, A)
     assert eng.snapshots.stats.spill_failures == 1 and warm.metrics.restore_at == 0  # recomputed
@@ -88,21 +102,6 @@ def test_file_spill_round_trip_and_checks(model, tmp_path):
         spill.put({"x": 1})
 
 
-DAMAGES = ("altered", "truncated", "missing", "emptied", "swapped")  # swapped: another valid spill file's bytes
-
-
-def damage(path, how, other):
-    data = path.read_bytes()
-    if how == "altered":
-        path.write_bytes(data[:-8] + bytes(8))
-    elif how == "truncated":
-        path.write_bytes(data[: len(data) // 2])
-    elif how == "missing":
-        path.unlink()
-    elif how == "emptied":
-        path.write_bytes(b"")
-    else:  # a well-formed state, but not this one: only the checksum can tell
-        path.write_bytes(other.read_bytes())
 
 
 def test_a_hundred_damaged_spill_files_each_end_in_a_recompute_and_one_log_line(model, tmp_path, caplog):
@@ -116,12 +115,9 @@ def test_a_hundred_damaged_spill_files_each_end_in_a_recompute_and_one_log_line(
     files = spilled_files(tmp_path)
     assert len(files) == 100 and eng.snapshots.tier_bytes()["disk"] > 0
     how = [DAMAGES[i % len(DAMAGES)] for i in range(100)]
-    spare = [f.read_bytes() for f in files]
+    intact = [f.read_bytes() for f in files]
     for i, path in enumerate(files):
-        if how[i] == "swapped":
-            path.write_bytes(spare[(i + 1) % 100])
-        else:
-            damage(path, how[i], None)
+        spoil(path, how[i], replacement=intact[(i + 1) % 100])
     with caplog.at_level(logging.WARNING, logger="planner.snapshot_store"):
         for i, p in enumerate(prompts[:100]):
             warm, logits = serve(eng, p)

@@ -86,7 +86,6 @@ def slice_figures(recs: list[dict]) -> dict:
             "mean_recomputed_tokens": mean(recomputed(r) for r in ok), "errors": errors(recs)}
 
 
-
 # ------------------------------------------------------------------------------------------ agreement
 def top_diff(ours: dict, theirs: dict) -> dict:
     """First-token top logprobs: same top-k ids (as a set), and the largest |ours - theirs| at their ids."""
@@ -254,16 +253,15 @@ def shape(raw: dict) -> dict:
         if config in vconfigs or config == "default":
             systems[key] = _vllm_system(vconfigs, config, first_ready)
     systems["vllm"] |= {"device": raw["environment"]["device_name"], "env": raw["vllm_env"], "configs": vconfigs}
-    ident = _identical(agree)["met"]
+    identical = _identical(agree)
     by_config = {n: goals(systems[OURS]["scenarios"], c["scenarios"], _identical({n: agree.get(f"vllm:{n}", {})}))
                  for n, c in vconfigs.items() if c.get("scenarios")}
     against = vconfigs.get(GOALS_AGAINST, {})
-    main_goals = goals(systems[OURS]["scenarios"], against["scenarios"], _identical(agree)) \
-        if against.get("scenarios") else {}
+    main_goals = goals(systems[OURS]["scenarios"], against["scenarios"], identical) if against.get("scenarios") else {}
     _strip_tensors(raw["raw"])
     return {k: raw[k] for k in ("config", "environment", "model", "checkpoint", "machine_load", "probes",
                                 "measure_seconds", "our_dtype_check", "effective_settings") if k in raw} | {
-        "systems": systems, "agreement": agree, "greedy_tokens_identical": ident,
+        "systems": systems, "agreement": agree, "greedy_tokens_identical": identical["met"],
         "mean_recomputed_tokens": {s: systems[s]["scenarios"].get("random_lengths", {}).get("mean_recomputed_tokens")
                                    for s in systems} | {f"vllm:{n}": c["scenarios"].get("random_lengths", {}).get(
                                        "mean_recomputed_tokens") for n, c in vconfigs.items()},
