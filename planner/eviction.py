@@ -116,8 +116,9 @@ class SeglenEviction:
         self._held: dict[tuple, Snapshot] = {}
         self.block_size: int | None = None  # the store's, told by `bind`
 
-    def bind(self, block_size: int) -> None:
-        """Called by the store that holds this policy: its block size (the prefix hashes' unit)."""
+    def bind(self, store) -> None:
+        """Called by the store that holds this policy: it reads its block size (the prefix hashes' unit)."""
+        block_size = store.block_size
         require(self.block_size in (None, block_size), "block_size",
                 f"this seglen policy already serves a store on block {self.block_size}, not {block_size}")
         self.block_size = block_size
@@ -315,8 +316,10 @@ class LearnedValueEviction:
         return not snapshots or mine > min(self._held_credit(s) for s in snapshots)
 
 
+from planner.shadow_eviction import ShadowBestEviction  # noqa: E402 (it builds the policies above)
+
 EVICTION_POLICIES: dict[str, type] = {cls.name: cls for cls in (LRUEviction, FlopAwareEviction, LearnedValueEviction,
-                                                                 SeglenEviction)}
+                                                                 SeglenEviction, ShadowBestEviction)}
 
 
 def get_eviction(policy: EvictionPolicy | str, **params) -> EvictionPolicy:

@@ -82,8 +82,12 @@ class EvictionPolicy(Protocol):
     # `demoted(snap)` (it moved one tier down), called after the fact. The same `choose_victim`
     # picks who leaves each tier, from that tier's snapshots.
     # Optional `needs_prefix = True`: the store keeps each snapshot's prompt block hashes
-    # (`Snapshot.prefix_hashes`) for the policy to read; optional `bind(block_size)`, called once
-    # by the store that holds the policy.
+    # (`Snapshot.prefix_hashes`) for the policy to read; optional `bind(store)`, called once by the
+    # store that holds the policy (its block size, budgets and tiers).
+    # Optional requests, told before the store acts on them (a policy that replays the store's
+    # traffic on shadow stores reads them): `offered(token_ids, position, nbytes, block_hashes,
+    # flops_saved, origin)` for every `save`; `looked_up(token_ids, max_position, block_hashes)` for
+    # every `lookup` (a `refresh` of a held prefix is offered as a save of the held snapshot's kind).
 
 
 class LRUEviction:
@@ -146,7 +150,7 @@ class SnapshotStore:
         self.eviction = eviction or LRUEviction()
         bind = getattr(self.eviction, "bind", None)  # an eviction that reads prefixes learns the block
         if bind is not None:
-            bind(block_size)
+            bind(self)
         # key -> snapshot in LRU order (oldest first); anchor -> {tail: snapshot} for lookups.
         self._lru: collections.OrderedDict[tuple, Snapshot] = collections.OrderedDict()
         self._by_anchor: dict[BlockHash | None, dict[tuple[int, ...], Snapshot]] = {}
@@ -232,7 +236,9 @@ class SnapshotStore:
         anchor, tail = self._key_parts(token_ids, position, block_hashes)
         existing = self._by_anchor.get(anchor, {}).get(tail)
         if existing is None or existing.tier:
-            return None
+            return None  # the caller saves instead
+        self._tell_request("offered", token_ids, position, existing.nbytes, block_hashes, existing.flops_saved,
+                           existing.origin)
         self._count_duplicate(existing, next(self._clock))
         return existing
 
@@ -250,6 +256,7 @@ class SnapshotStore:
         to fit, and the policy has no `admits`."""
         require(0 < position <= len(token_ids), "position", f"must be in [1, {len(token_ids)}], got {position}")
         require(origin in ORIGINS, "origin", f"must be one of {ORIGINS}, got {origin!r}")
+        self._tell_request("offered", token_ids, position, int(state.nbytes), block_hashes, flops_saved, origin)
         anchor, tail = self._key_parts(token_ids, position, block_hashes)
         now = next(self._clock)
         existing = self._by_anchor.get(anchor, {}).get(tail)
@@ -310,6 +317,11 @@ class SnapshotStore:
             self._evict(snap)
             return False
 
+    def _tell_request(self, request: str, *args) -> None:
+        observer = getattr(self.eviction, request, None)
+        if observer is not None:
+            observer(*args)
+
     def _tell(self, event: str, snap: Snapshot) -> None:
         observer = getattr(self.eviction, event, None)
         if observer is not None:
@@ -332,6 +344,7 @@ class SnapshotStore:
         a spilled one is read back and checked first (one that fails is dropped and the next deepest
         taken). Does not count as a restore (call `mark_restored` when the state is actually used).
         """
+        self._tell_request("looked_up", token_ids, max_position, block_hashes)
         while True:
             snap = self._deepest(token_ids, max_position, block_hashes)
             if snap is None or self._read_back(snap):

@@ -46,7 +46,10 @@ The rules it re-expresses, each from the docstring or code that states it:
   are evicted until it fits.
 * Evictions (planner/eviction.py docstrings): LRU; flop_aware = lowest min-max-normalized
   recency + alpha x FLOPs-per-byte, ties LRU first; learned_value = GreedyDual over
-  p(origin, restores) x FLOPs per byte with a Beta(1, 9) prior and a 4096-key ghost history.
+  p(origin, restores) x FLOPs per byte with a Beta(1, 9) prior and a 4096-key ghost history;
+  seglen = lowest recency + 0.85 x replay length to the nearest held ancestor; shadow_best
+  (planner/shadow_eviction.py) = the leader's decision among four candidates, each also run alone
+  on a shadow store fed every save and lookup (RefShadowBest).
 """
 
 from __future__ import annotations
@@ -227,17 +230,99 @@ class RefSeglen:
         return first_lowest(held, utility)
 
 
+class RefGated:
+    """A candidate of shadow_best whose speculative and chunk-end snapshots go into free memory only."""
+
+    has_admits = True
+
+    def __init__(self, base):
+        self.base = base
+
+    def victim(self, held: list) -> Held:
+        return self.base.victim(held)
+
+    def admits(self, candidate: Held, held: list) -> bool:
+        if candidate.origin in ("speculative", "chunk"):
+            return False
+        return self.base.admits(candidate, held) if self.base.has_admits else candidate.origin != "speculative"
+
+    def __getattr__(self, name):  # saved / restored / evicted: the base's, if it has them
+        return getattr(self.base, name)
+
+
+class RefShadowBest:
+    """shadow_best: each candidate also runs alone on a shadow store fed every save and every
+    lookup; a shadow's score decays by 0.5 ** (1 / 1024) per lookup before its restore (the position)
+    is added; the leader moves to the first highest score only when strictly above its own; the
+    leader's copy of its rule, kept up with the real store's events, decides for the real store."""
+
+    CANDIDATES = {"learned_value": lambda n: RefLearnedValue(n), "learned_value+gate": lambda n: RefGated(RefLearnedValue(n)),
+                  "seglen+gate": lambda n: RefGated(RefSeglen(n)), "lru+gate": lambda n: RefGated(RefLRU())}
+    DECAY = 0.5 ** (1 / 1024)
+
+    def __init__(self, nbytes: int):
+        self.deciders = [make(nbytes) for make in self.CANDIDATES.values()]
+        self.shadows: list = []
+        self.scores = [0.0] * len(self.deciders)
+        self.leader = 0
+
+    def bind(self, budget: int | None, nbytes: int) -> None:
+        if budget is not None:
+            self.shadows = [RefStore(budget, nbytes, make(nbytes)) for make in self.CANDIDATES.values()]
+
+    has_admits = True
+
+    def offered(self, tokens: tuple, origin: str, flops: float) -> None:
+        for shadow in self.shadows:
+            shadow.save(tokens, origin, flops)
+
+    def looked_up(self, prompt: list, limit: int) -> None:
+        for i, shadow in enumerate(self.shadows):
+            self.scores[i] *= self.DECAY
+            h = shadow.deepest(prompt, limit)
+            if h is not None:
+                shadow.restore(h)
+                self.scores[i] += h.position
+        for i, score in enumerate(self.scores):  # ends on the first of the highest, if above the leader's
+            if score > self.scores[self.leader]:
+                self.leader = i
+
+    def victim(self, held: list) -> Held:
+        return self.deciders[self.leader].victim(held)
+
+    def admits(self, candidate: Held, held: list) -> bool:
+        decider = self.deciders[self.leader]
+        return decider.admits(candidate, held) if decider.has_admits else candidate.origin != "speculative"
+
+    def _all(self, event: str, h: Held) -> None:
+        for decider in self.deciders:
+            observer = getattr(decider, event, None)
+            if observer is not None:
+                observer(h)
+
+    def saved(self, h: Held) -> None:
+        self._all("saved", h)
+
+    def restored(self, h: Held) -> None:
+        self._all("restored", h)
+
+    def evicted(self, h: Held) -> None:
+        self._all("evicted", h)
+
+
 EVICTIONS = {"lru": lambda nbytes: RefLRU(), "flop_aware": RefFlopAware, "learned_value": RefLearnedValue,
-             "seglen": RefSeglen}
+             "seglen": RefSeglen, "shadow_best": RefShadowBest}
 
 
 # ------------------------------------------------------------------ the snapshot store
 class RefStore:
     """Held snapshots in recency order (least recently used first), with the store's counters."""
 
-    def __init__(self, budget: int | None, nbytes: int, eviction: str):
+    def __init__(self, budget: int | None, nbytes: int, eviction):
         self.budget, self.nbytes = budget, nbytes
-        self.eviction = EVICTIONS[eviction](nbytes)
+        self.eviction = EVICTIONS[eviction](nbytes) if isinstance(eviction, str) else eviction
+        if hasattr(type(self.eviction), "bind"):
+            self.eviction.bind(budget, nbytes)
         self.held: list = []
         self.clock = 0
         self.counts = {"saved": 0, "evicted": 0, "restored": 0, "rejected": 0, "declined": 0, "duplicates": 0}
@@ -261,6 +346,8 @@ class RefStore:
 
     def deepest(self, prompt: list, limit: int) -> Held | None:
         """The held snapshot of the deepest position in (0, limit] that is a prefix of `prompt`."""
+        if hasattr(type(self.eviction), "looked_up"):
+            self.eviction.looked_up(prompt, limit)
         best = None
         for h in self.held:
             if 0 < h.position <= min(limit, len(prompt)) and tuple(prompt[:h.position]) == h.tokens:
@@ -280,6 +367,8 @@ class RefStore:
         return self.budget is None or (len(self.held) + 1) * self.nbytes <= self.budget
 
     def save(self, tokens: tuple, origin: str, flops: float) -> bool:
+        if hasattr(type(self.eviction), "offered"):
+            self.eviction.offered(tokens, origin, flops)
         now = self._tick()
         existing = self.find(tokens)
         if existing is not None:

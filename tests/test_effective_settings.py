@@ -59,7 +59,7 @@ def table(padded: int, kernel: int) -> dict:
         "sglang": (16, 0, True, kernel, "lru"),  # kv, grid "kernel": 16 and 256 are multiples of 16
         "marconi": (16, 0, True, 0, "flop_aware"),  # kv, grid "block"
         "ollama": (16, 0, True, 0, "lru"),  # kv, grid "block"
-        "ours-plus": (16, 0, True, 1, "learned_value"),  # grid "exact" on its token unit
+        "ours-plus": (16, 0, True, 1, "shadow_best"),  # grid "exact" on its token unit
         "optimum": (16, 0, True, 0, "lru"),
     }
 

@@ -161,7 +161,7 @@ def test_bad_arguments():
 
 
 def test_eviction_policies_by_name():
-    assert sorted(EVICTION_POLICIES) == ["flop_aware", "learned_value", "lru", "seglen"]
+    assert sorted(EVICTION_POLICIES) == ["flop_aware", "learned_value", "lru", "seglen", "shadow_best"]
     assert all(EVICTION_POLICIES[name].name == name for name in EVICTION_POLICIES)
     assert isinstance(get_eviction("lru"), LRUEviction)
     tuned = get_eviction("flop_aware", alpha=0.5)
@@ -169,7 +169,7 @@ def test_eviction_policies_by_name():
     assert get_eviction("flop_aware") is not get_eviction("flop_aware")  # a fresh policy each time
     policy = FlopAwareEviction()
     assert get_eviction(policy) is policy
-    with pytest.raises(ValueError, match=r"^eviction: must be one of \['flop_aware', 'learned_value', 'lru', 'seglen'\], got 'fifo'"):
+    with pytest.raises(ValueError, match=r"^eviction: must be one of \['flop_aware', 'learned_value', 'lru', 'seglen', 'shadow_best'\], got 'fifo'"):
         get_eviction("fifo")
     with pytest.raises(ValueError, match="^alpha: not a parameter of eviction policy 'lru'"):
         get_eviction("lru", alpha=1.0)

@@ -468,7 +468,7 @@ def test_get_eviction_builds_fresh_policies_by_name():
 
 
 @pytest.mark.parametrize("name, params, message", [
-    ("next_use", {}, r"^eviction: must be one of \['flop_aware', 'learned_value', 'lru', 'seglen'\], got 'next_use'"),
+    ("next_use", {}, r"^eviction: must be one of \['flop_aware', 'learned_value', 'lru', 'seglen', 'shadow_best'\], got 'next_use'"),
     ("LRU", {}, r"^eviction: must be one of .* got 'LRU'"),
     ("lru", {"history": 1}, r"^history: not a parameter of eviction policy 'lru' \(it takes none\)"),
     ("learned_value", {"alpha": 1.0},

@@ -11,20 +11,20 @@ from experiments.traces import factorial
 
 class Args:
     policy = ["marconi", "ours-plus"]
-    eviction = ["lru", "learned_value"]
+    eviction = ["lru", "shadow_best"]
     budget_gb = [0.25, 4.0]
     host_gb = [0.0, 256.0]
 
 
 def test_every_pair_in_every_cell_then_the_optimum_per_cell():
     pts = factorial.points(Args)
-    # marconi's own eviction (flop_aware) joins the listed two; ours-plus's (learned_value) is listed
+    # marconi's own eviction (flop_aware) joins the listed two; ours-plus's (shadow_best) is listed
     assert len(pts) == (2 * 2 + 1) * 4 + 4 + 1  # pairs x cells, one optimum per cell, ours-plus unbounded
     assert sum(p["eviction"] == "flop_aware" for p in pts) == 4
     assert {(p["budget_gb"], p["host_gb"]) for p in pts[:-1]} == {(0.25, 0.0), (4.0, 0.0), (0.25, 256.0),
                                                                   (4.0, 256.0)}
     assert [p["policy"] for p in pts[-5:-1]] == ["optimum"] * 4 and len({factorial.key(p) for p in pts}) == len(pts)
-    assert pts[-1] == {"policy": "ours-plus", "eviction": "learned_value", "budget_gb": None, "host_gb": 0.0}
+    assert pts[-1] == {"policy": "ours-plus", "eviction": "shadow_best", "budget_gb": None, "host_gb": 0.0}
 
 
 def row(policy, eviction, tokens, budget=0.25, host=0.0):
@@ -35,10 +35,10 @@ def test_the_verdict_compares_ours_plus_own_eviction_with_the_best_other_pair():
     class One(Args):
         budget_gb, host_gb = [0.25], [0.0]
 
-    rows = [row("ours-plus", "learned_value", 900), row("ours-plus", "lru", 1000), row("marconi", "lru", 950),
+    rows = [row("ours-plus", "shadow_best", 900), row("ours-plus", "lru", 1000), row("marconi", "lru", 950),
             row("marconi", "learned_value", 10), row("optimum", "next_use", 2000)]
     (v,) = factorial.verdicts(rows, One)
-    # ours-plus's own eviction is learned_value (900); the best other pair is its own placement with lru
+    # ours-plus's own eviction is shadow_best (900); the best other pair is its own placement with lru
     assert (v["ours_plus"], v["best_other"], v["best_other_tokens"]) == (900, "ours-plus+lru", 1000)
     assert v["ratio"] == pytest.approx(0.9) and not v["wins"] and v["optimum"] == 2000
     # against other placements only, the best is marconi+lru (950), not ours-plus+lru
@@ -52,12 +52,12 @@ def test_the_host_goal_reads_ours_plus_against_its_own_unbounded_run():
     class Two(Args):
         budget_gb, host_gb = [4.0], [0.0, 256.0]
 
-    rows = [dict(row("ours-plus", "learned_value", 900, 4.0, 0.0), ttft_s_p50=3.0),
-            dict(row("ours-plus", "learned_value", 1940, 4.0, 256.0), ttft_s_p50=2.1),
+    rows = [dict(row("ours-plus", "shadow_best", 900, 4.0, 0.0), ttft_s_p50=3.0),
+            dict(row("ours-plus", "shadow_best", 1940, 4.0, 256.0), ttft_s_p50=2.1),
             dict(row("marconi", "lru", 800, 4.0, 0.0), ttft_s_p50=1.0),  # a peer, not the reference
             dict(row("marconi", "lru", 1000, 4.0, 256.0), ttft_s_p50=1.0),
             dict(row("ours-plus", "lru", 5000, None, 0.0), ttft_s_p50=0.5),  # unbounded, not ours-plus's own eviction
-            dict(row("ours-plus", "learned_value", 2000, None, 0.0), ttft_s_p50=2.0)]
+            dict(row("ours-plus", "shadow_best", 2000, None, 0.0), ttft_s_p50=2.0)]
     no_host, host = factorial.verdicts(rows, Two)
     assert host["of_unbounded"] == pytest.approx(0.97) and host["ttft_p50_over_unbounded"] == pytest.approx(1.05)
     assert no_host["of_unbounded"] == pytest.approx(0.45) and no_host["ttft_p50_over_unbounded"] == pytest.approx(1.5)
@@ -70,7 +70,7 @@ def test_a_small_run_writes_its_files_and_resumes(tmp_path, monkeypatch):
             "--budget-gb", "0.2", "--host-gb", "0,64", "--jobs", "1", "--out", str(out)]
     assert factorial.main(argv) == 0
     data = json.loads((out / "factorial.json").read_text())
-    # 2 placements x 2 evictions, + each placement's own (marconi flop_aware, ours-plus learned_value), x 2 cells
+    # 2 placements x 2 evictions, + each placement's own (marconi flop_aware, ours-plus shadow_best), x 2 cells
     assert len(data["rows"]) == (2 * 2 + 2) * 2 + 2 + 1 and data["simulated"] is True
     assert {(v["budget_gb"], v["host_gb"]) for v in data["verdicts"]} == {(0.2, 0.0), (0.2, 64.0)}
     assert all((out / name).is_file() for name in ("factorial.csv", "factorial.md", "factorial.png", "points.jsonl"))

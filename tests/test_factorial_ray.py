@@ -10,7 +10,7 @@ from experiments.common import outputs
 from experiments.traces import factorial
 
 # ours-plus with its own eviction, the optimum, ours-plus unbounded: 3 points, about a second each
-SMALL = ["--trace", "synthetic", "--limit", "40", "--policy", "ours-plus", "--eviction", "learned_value",
+SMALL = ["--trace", "synthetic", "--limit", "40", "--policy", "ours-plus", "--eviction", "shadow_best",
          "--budget-gb", "0.25", "--host-gb", "0"]
 
 

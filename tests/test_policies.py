@@ -23,7 +23,7 @@ ENGINE_DEFAULTS = {  # name: (kv_block, decode_grid, eviction, needs_oracle)
     "trtllm": ("kv", None, "lru", False),
     "marconi": ("kv", "block", "flop_aware", False),
     "ollama": ("kv", "block", "lru", False),
-    "ours-plus": ("kv", "exact", "learned_value", False),
+    "ours-plus": ("kv", "exact", "shadow_best", False),
     "optimum": ("kv", "block", "lru", True),
 }
 MARK_MODES = {"vllm-junction": "stop", "trtllm": "stop", "marconi": "stop", "ollama": "stop", "sglang": "capture",

@@ -281,7 +281,7 @@ def test_command_eviction_override_and_origin_counts(tmp_path):
     assert main([*common, "--eviction", "lru", "--out", str(tmp_path / "lru")]) == 0
     own = json.loads((tmp_path / "own" / "summary.json").read_text())
     lru = json.loads((tmp_path / "lru" / "summary.json").read_text())
-    assert own["policies"]["ours-plus"]["eviction"] == "learned_value"
+    assert own["policies"]["ours-plus"]["eviction"] == "shadow_best"
     assert own["policies"]["marconi"]["eviction"] == "flop_aware"
     assert {p["eviction"] for p in lru["policies"].values()} == {"lru"} and lru["config"]["eviction"] == "lru"
     assert "eviction" not in own["config"]  # sweeps without the flag keep their definition
@@ -331,3 +331,27 @@ def test_a_killed_shard_resumes_with_the_points_it_finished(tmp_path):
     sweep_parts.run_shard(tmp_path, "s", points, {"c": 2}, (0, 1), lambda i, p: measured.append(i) or [], tag=dict,
                           resume=True)
     assert measured == [0, 1, 2, 3, 4]  # another definition: its part is stale, nothing is kept
+
+
+def test_shadow_best_with_one_candidate_is_that_candidate(tmp_path, monkeypatch):
+    """Through the engine: shadow_best following a single candidate (learned value) gives learned
+    value's records exactly, and reports every lookup as led by it; with its four candidates it
+    reports each one's share."""
+    from planner import shadow_eviction
+    from planner.eviction import LearnedValueEviction
+
+    path = _scaled_trace(tmp_path, n=80, scale=16)
+    requests = list(MooncakeTrace(path, "chains").requests())
+    budget = 3 * ShapeCost.from_preset("bamba-9b").state_bytes / 1e9  # three snapshots: eviction decides
+    cfg = dict(prefill_budget=512, max_batch_size=4, kv_pool_gb=1.0, budget_gb=budget)
+    four = simulate(requests, SimConfig("ours-plus", **cfg))["metrics"]
+    assert four["eviction"] == "shadow_best" and set(four["eviction_leaders"]) == set(shadow_eviction.CANDIDATES)
+    lookups = sum(four["eviction_leaders"].values())
+    assert lookups >= sum(r.kv_match > 0 for r in simulate(requests, SimConfig("ours-plus", **cfg))["records"]) > 0
+    alone = simulate(requests, SimConfig("ours-plus", eviction="learned_value", **cfg))
+    monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"learned_value": LearnedValueEviction})
+    one = simulate(requests, SimConfig("ours-plus", **cfg))
+    assert [dataclass_tuple(r) for r in one["records"]] == [dataclass_tuple(r) for r in alone["records"]]
+    assert one["metrics"]["snapshots_evicted"] == alone["metrics"]["snapshots_evicted"] > 0
+    assert one["metrics"]["eviction_leaders"] == {"learned_value": lookups}
+    assert alone["metrics"]["eviction_leaders"] is None

@@ -6,7 +6,7 @@ A name keeps its colour and marker in every figure, whatever the order of the se
 
     from experiments.common import figure_style as fs
     plt = fs.pyplot()
-    ax.plot(xs, ys, **fs.line("ours-plus"), label=fs.label("ours-plus", eviction="learned_value"))
+    ax.plot(xs, ys, **fs.line("ours-plus"), label=fs.label("ours-plus", eviction="shadow_best"))
     fs.title(fig, "SSM-usable hits against snapshot memory", workload="mooncake-conversation (chains)",
              model="bamba-9b", requests=1000, budget="0.25-64 GB", eviction="each policy's own", simulated=True)
     fs.save(fig, path)   # checks (no bars on a log axis), saves with `results_io.save_figure`, closes
@@ -52,6 +52,7 @@ EVICTION_STYLES: dict[str, dict] = {  # marker: where the placement already has 
     "flop_aware": {"linestyle": "--", "hatch": "//", "marker": "s"},
     "learned_value": {"linestyle": "-.", "hatch": "xx", "marker": "*"},
     "seglen": {"linestyle": (0, (8, 2)), "hatch": "\\\\", "marker": "D"},
+    "shadow_best": {"linestyle": (0, (1, 1)), "hatch": "++", "marker": "P"},
     "next_use": {"linestyle": (0, (3, 1, 1, 1, 1, 1)), "hatch": "", "marker": "h"},
 }
 # Variants of one mechanism (capture modes, benchmark variants, checkpoint placements).

@@ -56,7 +56,7 @@ REFERENCE = "optimum"
 OURS = "ours-plus"
 KEEP = ("ssm_hit_tokens", "kv_hit_tokens", "replayed_tokens", "ttft_s_p50", "ttft_s_p99", "snapshots_saved",
         "snapshots_evicted", "snapshots_demoted", "snapshot_bytes_demoted", "snapshots_promoted",
-        "snapshot_bytes_promoted", "restore_transfer_s", "requests", "prompt_tokens", "wall_s")
+        "snapshot_bytes_promoted", "restore_transfer_s", "eviction_leaders", "requests", "prompt_tokens", "wall_s")
 
 
 def cells(args) -> list[tuple[float, float]]:
@@ -192,7 +192,7 @@ def report(rows: list[dict], args, base: dict) -> str:
              f"{window}, {base['shape']}", "",
              "Restored (SSM-usable) tokens per (placement, eviction) pair; each cell a device budget with or "
              "without a host tier (PCIe 5 x16, `planner/snapshot_tiers.py`). `ours-plus` means its placement "
-             "with its own eviction (learned_value); the verdict is against every other pair, its own placement "
+             f"with its own eviction ({get_policy(OURS).eviction}); the verdict is against every other pair, its own placement "
              "with the other evictions included, and `ours / best other placement` against the other placements "
              "alone. Simulated: cost-model clock, not measured.", "",
              "| device | host | ours-plus (own) | best other pair | its tokens | ours / best | optimum | verdict "

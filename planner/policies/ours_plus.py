@@ -1,10 +1,11 @@
 """This project's online placement (`ours-plus`): `aligned` plus the junction, decode states and a
-speculative grid, with learned-value eviction.
+speculative grid, with shadow-best eviction.
 
-Why a 2048-token grid, captured into free memory only, and learned-value eviction: the
-ablations in `results/LOG.md` (the 2026-12-02 entries "ours-plus: speculative grid captures
-into free memory" and "Trace runs with the current ours-plus and optimum") and
-`results/traces/README.md`.
+Why a 2048-token grid, captured into free memory only: the ablations in `results/LOG.md` (the
+2026-12-02 entries "ours-plus: speculative grid captures into free memory" and "Trace runs with
+the current ours-plus and optimum") and `results/traces/README.md`; why shadow-best eviction (it
+was learned value until 2026-12-03): `planner/shadow_eviction.py` and results/LOG.md, seventh
+session.
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ class OursPlus(Aligned):
     last token but one captured in the same launch (speculative: where a match can end), a token-granular
     prefix match (copy-on-write of a partial KV block), the state after the last computed token
     of prompt + reply kept at finish (decode snapshots), and speculative in-launch captures every
-    OURS_PLUS_GRID_TOKENS (2048) tokens; under a budget the store keeps what is expected to spare
-    the most FLOPs (GreedyDual over FLOPs saved x a restore chance learned per origin,
-    planner.eviction.LearnedValueEviction), speculative captures included. A byte-identical repeat
+    OURS_PLUS_GRID_TOKENS (2048) tokens; under a budget the store follows whichever of four rules
+    restored the most tokens lately on shadow stores (planner.shadow_eviction.ShadowBestEviction:
+    learned value over every capture, or learned value, seglen or LRU with the speculative and
+    chunk-end captures kept to free memory: the grid thins itself when its captures go unrestored).
+    A byte-identical repeat
     then replays 1 token, and a next chat turn its new tokens plus the reply's last token (the one
     whose K/V was never computed)."""
 
     name = "ours-plus"
     decode_grid = "exact"
     match_unit = "token"
-    eviction = "learned_value"
+    eviction = "shadow_best"
     mark_mode = "capture"
 
     def marks(self, kv_match: int, restore_at: int, total: int, ctx: PlanContext) -> tuple[int, ...]:

@@ -1,0 +1,185 @@
+"""Shadow-best eviction (`shadow_best`, ours-plus's own): follow whichever of a few candidate rules
+would have restored the most tokens over the recent past, judged on shadow stores that replay the
+real store's traffic.
+
+Why: under a device-only budget no single rule wins every budget on the Mooncake trace with
+ours-plus's placement (results/LOG.md, 2026-12-03 seventh session; restored tokens, first 1,000
+requests, chains): LRU with speculative and chunk-end captures kept out of a full store is best at
+0.25 GB (494,080; learned value 438,784), learned value with that gate at 4 GB (1,159,171 vs
+915,503 ungated), seglen with it at 16 GB (1,842,270 vs 1,722,593), and ungated learned value at
+64 GB (2,249,716 vs 2,192,869 gated). Which one tops a budget also moves with the window. Marconi
+picks its eviction's alpha the same way, by replaying past requests over a grid (MLSys 2025);
+this policy does it continuously, the way adaptive caches choose between experts by
+keeping a shadow ("virtual") cache of each (ACME, Ari et al., 2002; set dueling in CPU caches,
+Qureshi et al., ISCA 2007).
+
+How: every candidate (`CANDIDATES`) runs twice. Its shadow store (`SnapshotStore` of the real one's
+budgets, tiers without spill files, and states that are only byte counts) sees every save the real
+store is offered and every lookup the real store answers, restoring what it holds; its restored
+tokens are its score, decayed with a half-life of `half_life` lookups so a run that changes regime
+changes leader. Its real-side instance observes the real store's saves, restores and evictions, so
+it is ready to decide for the real store at any moment. The real store's victims and admissions
+are the leader's: the highest score, ties to the earlier candidate (the first, ungated learned
+value, leads until another has restored more). Shadows are approximate in one way: the real store's
+restores decide where a request's junction mark lies, and so what every shadow is offered.
+
+Cost: each shadow keeps keys and byte counts, no states; it adds one store's bookkeeping per
+candidate to every save and lookup. A simulated Mooncake window of 1,000 requests (Bamba-9B) runs
+in ~25 s instead of ~20 s at 0.25-4 GB, ~100 s instead of ~28 s at 64 GB (1,024 snapshots scanned
+per eviction, five times), ~60 s with a 256 GB host tier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from kernels.checks import require
+from planner.snapshot_store import LRUEviction, Snapshot, SnapshotStore
+
+FREE_MEMORY_ONLY = ("speculative", "chunk")  # origins a gated candidate never evicts for
+SHADOW_HALF_LIFE = 1024  # lookups; about the Mooncake windows of 1,000 requests the factorial studies
+
+
+class GatedEviction:
+    """An eviction whose store takes snapshots of `origins` into free memory only (never evicting
+    for them); everything else is as `base` decides."""
+
+    def __init__(self, base, origins: Sequence[str] = FREE_MEMORY_ONLY):
+        self.base = base
+        self.origins = frozenset(origins)
+        self.name = f"{base.name}+gate"
+        self.needs_prefix = getattr(base, "needs_prefix", False)
+        for event in ("bind", "saved", "restored", "evicted", "demoted"):
+            observer = getattr(base, event, None)
+            if observer is not None:
+                setattr(self, event, observer)
+
+    def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
+        return self.base.choose_victim(snapshots, now)
+
+    def admits(self, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
+        return candidate.origin not in self.origins and admits(self.base, candidate, snapshots)
+
+
+def admits(policy, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
+    """What the store decides for a new snapshot that needs an eviction, under `policy`: its
+    `admits`, or without one everything but a speculative capture (`SnapshotStore.save`)."""
+    decide = getattr(policy, "admits", None)
+    return decide(candidate, snapshots) if decide is not None else candidate.origin != "speculative"
+
+
+def _learned_value():
+    from planner.eviction import LearnedValueEviction  # planner.eviction lists this policy: imported late
+    return LearnedValueEviction()
+
+
+def _seglen():
+    from planner.eviction import SeglenEviction
+    return SeglenEviction()
+
+
+# name -> a fresh instance; the first is the default leader (ours-plus's eviction before this one)
+CANDIDATES = {
+    "learned_value": _learned_value,
+    "learned_value+gate": lambda: GatedEviction(_learned_value()),
+    "seglen+gate": lambda: GatedEviction(_seglen()),
+    "lru+gate": lambda: GatedEviction(LRUEviction()),
+}
+
+
+@dataclasses.dataclass(eq=False)
+class _Bytes:
+    """A shadow's stand-in for a state: its size only."""
+
+    nbytes: int
+
+
+class ShadowBestEviction:
+    """Follow the candidate rule whose shadow store restored the most tokens lately (module docstring)."""
+
+    name = "shadow_best"
+
+    def __init__(self, half_life: float = SHADOW_HALF_LIFE):
+        require(half_life > 0, "half_life", f"must be > 0 lookups, got {half_life}")
+        self.half_life = half_life
+        self._decay = 0.5 ** (1.0 / half_life)
+        self.names = tuple(CANDIDATES)
+        self._real = [CANDIDATES[n]() for n in self.names]
+        self.needs_prefix = any(getattr(p, "needs_prefix", False) for p in self._real)
+        self._shadows: list[SnapshotStore] = []
+        self._bound = False
+        self.scores = [0.0] * len(self.names)
+        self.leader = 0
+        self.lookups_led = [0] * len(self.names)  # lookups each candidate led at (a run's record)
+
+    def bind(self, store: SnapshotStore) -> None:
+        """Called by the real store: the shadows take its block, budgets and tiers (without spill files)."""
+        require(not self._bound, "store", "this shadow_best policy already serves a store")
+        self._bound = True
+        if store.byte_budget is not None:  # unbounded, every candidate keeps everything: no shadows
+            tiers = [dataclasses.replace(t, spill=None) for t in store.lower_tiers]
+            self._shadows = [SnapshotStore(store.block_size, store.byte_budget, CANDIDATES[n](), tiers)
+                             for n in self.names]
+        for policy in self._real:
+            bind = getattr(policy, "bind", None)
+            if bind is not None:
+                bind(store)
+
+    @property
+    def leader_name(self) -> str:
+        return self.names[self.leader]
+
+    @property
+    def shadows(self) -> dict[str, SnapshotStore]:
+        """Each candidate's shadow store by name (empty for an unbounded store)."""
+        return dict(zip(self.names, self._shadows))
+
+    @property
+    def deciders(self) -> dict[str, object]:
+        """Each candidate's real-side instance by name (the leader's decides for the real store)."""
+        return dict(zip(self.names, self._real))
+
+    # -- the real store's traffic, replayed on the shadows
+    def offered(self, token_ids, position: int, nbytes: int, block_hashes, flops_saved: float, origin: str) -> None:
+        for shadow in self._shadows:
+            shadow.save(token_ids, position, _Bytes(nbytes), block_hashes, flops_saved, origin)
+
+    def looked_up(self, token_ids, max_position: int, block_hashes) -> None:
+        for i, shadow in enumerate(self._shadows):
+            self.scores[i] *= self._decay
+            snap = shadow.lookup(token_ids, max_position, block_hashes)
+            if snap is not None:
+                shadow.mark_restored(snap)
+                self.scores[i] += snap.position
+        best = max(range(len(self.scores)), key=lambda i: (self.scores[i], -i))
+        if self.scores[best] > self.scores[self.leader]:
+            self.leader = best
+        self.lookups_led[self.leader] += 1
+
+    # -- the real store's decisions: the leader's
+    def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
+        return self._real[self.leader].choose_victim(snapshots, now)
+
+    def admits(self, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
+        return admits(self._real[self.leader], candidate, snapshots)
+
+    # -- the real store's events: every real-side candidate keeps up
+    def _tell(self, event: str, snap: Snapshot) -> None:
+        for policy in self._real:
+            observer = getattr(policy, event, None)
+            if observer is not None:
+                observer(snap)
+
+    def saved(self, snap: Snapshot) -> None:
+        self._tell("saved", snap)
+
+    def restored(self, snap: Snapshot) -> None:
+        self._tell("restored", snap)
+
+    def evicted(self, snap: Snapshot) -> None:
+        self._tell("evicted", snap)
+
+    def demoted(self, snap: Snapshot) -> None:
+        self._tell("demoted", snap)
+
