@@ -237,3 +237,27 @@ def test_a_snapshot_declined_by_a_full_device_goes_straight_to_the_host():
     tokens = prompt(2)
     assert speculative.save(tokens, 8, State(), hash_full_blocks(tokens, BS), origin="speculative")
     assert speculative.tier_name(find(speculative, 2)) == "host"  # no admits: a speculative one is not pushed in
+
+
+def test_each_tiers_residents_are_its_snapshots_in_lru_order():
+    """The store keeps each tier's members apart (no scan of every held snapshot); what it hands the
+    eviction must still be exactly that tier's snapshots, least recently used first."""
+    import random
+
+    rng = random.Random(0)
+    store = SnapshotStore(BS, byte_budget=3, eviction=get_eviction("learned_value"),
+                          lower_tiers=(Tier("host", 4, 1.0), Tier("disk", 5, 1.0)))
+    prompts = [(prompt(i), hash_full_blocks(prompt(i), BS)) for i in range(6)]
+    for step in range(400):
+        tokens, hashes = prompts[rng.randrange(6)]
+        if rng.random() < 0.4:
+            snap = store.lookup(tokens, rng.randrange(1, 17), hashes)
+            if snap is not None:
+                store.mark_restored(snap)
+        else:
+            store.save(tokens, rng.randrange(1, 17), State(), hashes, flops_saved=rng.random(),
+                       origin=rng.choice(("mark", "decode", "speculative")))
+        for tier in range(3):
+            expected = [s for s in store._lru.values() if s.tier == tier]
+            assert store._residents(tier) == expected, (step, tier)
+    assert store.stats.demoted["disk"] > 0 and store.stats.evicted > 0 and store.stats.promoted["disk"] > 0
