@@ -112,3 +112,20 @@ def test_a_window_of_the_trace():
     assert [(r.prompt_len, r.parent) for r in window] == [(r.prompt_len, r.parent) for r in whole[20:]]
     assert window[0].prompt_ids() == whole[20].prompt_ids()  # a continuation keeps its ancestors' tokens
     assert load_requests("mooncake-conversation", "chains", None, None, 12031 - 3)[0].index == 12028
+
+
+def test_a_resume_of_another_study_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(outputs, "RUNS", tmp_path / "runs")
+    out = tmp_path / "f"
+    argv = ["--trace", "synthetic", "--limit", "20", "--policy", "ours-plus", "--eviction", "lru", "--budget-gb", "0.2",
+            "--host-gb", "0", "--jobs", "1", "--out", str(out)]
+    assert factorial.main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for other in (["--limit", "21"], ["--start", "3"], ["--reading", "as-given"]):
+        with pytest.raises(SystemExit) as exc:
+            factorial.main([*argv, "--resume", *other])
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert exc.value.code == 2 and "argument --resume" in last and "another study" in last, other
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert factorial.main([*argv, "--resume", "--eviction", "lru,seglen"]) == 0  # more evictions: the same study
+    assert {r["eviction"] for r in json.loads((out / "factorial.json").read_text())["rows"]} >= {"lru", "seglen"}

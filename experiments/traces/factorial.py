@@ -298,6 +298,21 @@ def parser():
     return ap
 
 
+def check_same_run(ap, path: Path, base: dict) -> None:
+    """A resume adds points to the run in `path`'s folder only if it is the same study (trace, window,
+    model, engine settings); added placements, evictions or cells are fine. Checked before anything is
+    written; a folder whose run never finished a report has no factorial.json and is not checked."""
+    if not path.is_file():
+        return
+    try:
+        stored = json.loads(read_text(path, "a factorial's report"))["config"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        ap.error(f"argument --resume: {path} is not a factorial's report (no config in it)")
+    differ = [f"{k}={stored.get(k)!r} there, {v!r} here" for k, v in base.items() if stored.get(k) != v]
+    if differ:
+        ap.error(f"argument --resume: {path.parent} holds another study: " + "; ".join(differ))
+
+
 @fail_on_input_error(parser)
 def main(argv=None) -> int:
     ap = parser()
@@ -313,6 +328,8 @@ def main(argv=None) -> int:
     base = {"trace": args.trace, "reading": args.reading, "limit": args.limit, "start": args.start,
             "shape": args.model,
             "prefill_budget": 8192, "max_batch_size": 64, "kv_pool_gb": 60.0, "time_scale": 1.0, "trace_file": None}
+    if args.resume:
+        check_same_run(ap, args.out / "factorial.json", base)
     t0 = time.time()
     rows = run(args, base, out)
     rows.sort(key=lambda r: (r["host_gb"], r["budget_gb"] if r["budget_gb"] is not None else float("inf"),
