@@ -1,6 +1,7 @@
 """Snapshot eviction policies by name (`get_eviction`), FLOP-aware eviction (Marconi-style),
-learned-value eviction (ours-plus: GreedyDual over FLOPs spared x a restore chance learned online),
-and Belady's MIN for the offline optimum.
+learned-value eviction (GreedyDual over FLOPs spared x a restore chance learned online), seglen
+(SGLang's), and Belady's MIN for the offline optimum. Ours-plus's own, `shadow_best` (the best of
+four of these rules on shadow stores), is in `planner.shadow_eviction`.
 
 `EVICTION_POLICIES` maps a name to a policy class, the same shape as the chunk policies'
 `planner.policies.registry.POLICIES`: `get_eviction("flop_aware", alpha=0.5)`.
