@@ -96,7 +96,8 @@ class _Bytes:
 
 
 class ShadowBestEviction:
-    """Follow the candidate rule whose shadow store restored the most tokens lately (module docstring)."""
+    """Follow the candidate rule whose shadow store restored the most tokens lately (module docstring);
+    `half_life` in lookups (`float("inf")`: no decay, the restored tokens of the whole run)."""
 
     name = "shadow_best"
 
