@@ -141,6 +141,20 @@ def test_the_leader_changes_on_a_strictly_higher_score_and_decides_for_the_real_
     assert policy.lookups_led == [3, 1]
 
 
+def test_a_tie_with_an_earlier_candidate_keeps_the_leader(monkeypatch):
+    monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"keep_shallow": KeepShallow, "lru": LRUEviction})
+    policy = ShadowBestEviction(half_life=float("inf"))
+    store = SnapshotStore(BS, byte_budget=200, eviction=policy)
+    (p, hp), (q, hq), (r, hr) = prompt(1), prompt(2), prompt(3)
+    for tokens, hashes, position in ((p, hp, 8), (q, hq, 16), (r, hr, 24)):
+        store.save(tokens, position, Blob(), hashes, origin="mark")
+    assert policy.shadows["keep_shallow"].positions() == [8, 24] and policy.shadows["lru"].positions() == [16, 24]
+    store.lookup(q, 32, hq)  # lru 16, keep_shallow 0: lru leads
+    store.lookup(p, 32, hp)
+    store.lookup(p, 32, hp)  # keep_shallow 16: a tie, and keep_shallow is the earlier candidate
+    assert policy.scores == pytest.approx([16, 16]) and policy.leader_name == "lru"
+
+
 def test_scores_decay_by_half_every_half_life_lookups(monkeypatch):
     monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"lru": LRUEviction})
     policy = ShadowBestEviction(half_life=2)
