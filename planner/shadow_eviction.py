@@ -35,7 +35,7 @@ import dataclasses
 from typing import Sequence
 
 from kernels.checks import require
-from planner.snapshot_store import LRUEviction, Snapshot, SnapshotStore
+from planner.snapshot_store import LRUEviction, Snapshot, SnapshotStore, policy_admits
 
 FREE_MEMORY_ONLY = ("speculative", "chunk")  # origins a gated candidate never evicts for
 SHADOW_HALF_LIFE = 1024  # lookups; about the Mooncake windows of 1,000 requests the factorial studies
@@ -59,14 +59,7 @@ class GatedEviction:
         return self.base.choose_victim(snapshots, now)
 
     def admits(self, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
-        return candidate.origin not in self.origins and admits(self.base, candidate, snapshots)
-
-
-def admits(policy, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
-    """What the store decides for a new snapshot that needs an eviction, under `policy`: its
-    `admits`, or without one everything but a speculative capture (`SnapshotStore.save`)."""
-    decide = getattr(policy, "admits", None)
-    return decide(candidate, snapshots) if decide is not None else candidate.origin != "speculative"
+        return candidate.origin not in self.origins and policy_admits(self.base, candidate, snapshots)
 
 
 def _learned_value():
@@ -163,7 +156,7 @@ class ShadowBestEviction:
         return self._real[self.leader].choose_victim(snapshots, now)
 
     def admits(self, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
-        return admits(self._real[self.leader], candidate, snapshots)
+        return policy_admits(self._real[self.leader], candidate, snapshots)
 
     # -- the real store's events: every real-side candidate keeps up
     def _tell(self, event: str, snap: Snapshot) -> None:

@@ -90,6 +90,13 @@ class EvictionPolicy(Protocol):
     # every `lookup` (a `refresh` of a held prefix is offered as a save of the held snapshot's kind).
 
 
+def policy_admits(policy: EvictionPolicy, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
+    """Whether a store under `policy` takes a new snapshot that needs an eviction to fit: the policy's
+    `admits`, or without one everything but a speculative capture."""
+    decide = getattr(policy, "admits", None)
+    return decide(candidate, snapshots) if decide is not None else candidate.origin != "speculative"
+
+
 class LRUEviction:
     """Evict the snapshot used longest ago (the store's default)."""
 
@@ -249,7 +256,7 @@ class SnapshotStore:
         existing = self._by_anchor.get(anchor, {}).get(tail)
         if existing is None or existing.tier:
             return None  # the caller saves instead
-        self._tell_request("offered", token_ids, position, existing.nbytes, block_hashes, existing.flops_saved,
+        self._tell("offered", token_ids, position, existing.nbytes, block_hashes, existing.flops_saved,
                            existing.origin)
         self._count_duplicate(existing, next(self._clock))
         return existing
@@ -268,7 +275,7 @@ class SnapshotStore:
         to fit, and the policy has no `admits`."""
         require(0 < position <= len(token_ids), "position", f"must be in [1, {len(token_ids)}], got {position}")
         require(origin in ORIGINS, "origin", f"must be one of {ORIGINS}, got {origin!r}")
-        self._tell_request("offered", token_ids, position, int(state.nbytes), block_hashes, flops_saved, origin)
+        self._tell("offered", token_ids, position, int(state.nbytes), block_hashes, flops_saved, origin)
         anchor, tail = self._key_parts(token_ids, position, block_hashes)
         now = next(self._clock)
         existing = self._by_anchor.get(anchor, {}).get(tail)
@@ -285,9 +292,8 @@ class SnapshotStore:
         snap = Snapshot(position, anchor, tail, state, nbytes, last_used=now, flops_saved=flops_saved, origin=origin,
                         prefix_hashes=block_hashes if getattr(self.eviction, "needs_prefix", False) else None)
         full = self._over(0, nbytes)
-        admits = getattr(self.eviction, "admits", None)
         tier = 0
-        if full and (not admits(snap, self._residents(0)) if admits is not None else origin == "speculative"):
+        if full and not policy_admits(self.eviction, snap, self._residents(0)):
             # the device keeps what it holds; a lower tier, if any, takes the new one directly
             if not self.lower_tiers or (self._budgets[1] is not None and nbytes > self._budgets[1]):
                 self.stats.declined += 1
@@ -329,15 +335,11 @@ class SnapshotStore:
             self._evict(snap)
             return False
 
-    def _tell_request(self, request: str, *args) -> None:
-        observer = getattr(self.eviction, request, None)
-        if observer is not None:
-            observer(*args)
-
-    def _tell(self, event: str, snap: Snapshot) -> None:
+    def _tell(self, event: str, *args) -> None:
+        """Call the eviction's optional observer `event` (a request or an event: `EvictionPolicy`)."""
         observer = getattr(self.eviction, event, None)
         if observer is not None:
-            observer(snap)
+            observer(*args)
 
     def _evict(self, snap: Snapshot) -> None:
         del self._lru[snap.key]
@@ -357,7 +359,7 @@ class SnapshotStore:
         a spilled one is read back and checked first (one that fails is dropped and the next deepest
         taken). Does not count as a restore (call `mark_restored` when the state is actually used).
         """
-        self._tell_request("looked_up", token_ids, max_position, block_hashes)
+        self._tell("looked_up", token_ids, max_position, block_hashes)
         while True:
             snap = self._deepest(token_ids, max_position, block_hashes)
             if snap is None or self._read_back(snap):
