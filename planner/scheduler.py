@@ -138,7 +138,8 @@ class Scheduler:
         self._copy_sources: list = []  # blocks copied from this tick, held until `update`
         self.snapshots = snapshots if snapshots is not None else SnapshotStore(config.block_size)
         self.policy = config.chunk_policy
-        self.context = config.plan_context
+        self.context = dataclasses.replace(config.plan_context,
+                                           snapshot_memory_bounded=self.snapshots.byte_budget is not None)
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.free_slots = list(range(config.max_batch_size - 1, -1, -1))  # pop() gives slot 0 first

@@ -19,9 +19,18 @@ store is offered and every lookup the real store answers, restoring what it hold
 tokens are its score, decayed with a half-life of `half_life` lookups so a run that changes regime
 changes leader. Its real-side instance observes the real store's saves, restores and evictions, so
 it is ready to decide for the real store at any moment. The real store's victims and admissions
-are the leader's: the highest score, ties to the earlier candidate (the first, ungated learned
-value, leads until another has restored more). Shadows are approximate in one way: the real store's
-restores decide where a request's junction mark lies, and so what every shadow is offered.
+are the leader's. A challenger takes the lead only with a score more than `switch_margin` (5%)
+above the leader's (the first of the highest; the first candidate, ungated learned value, leads
+until then). Why a margin: a new leader inherits a store its rule did not fill, so its shadow's
+score is not what it brings at once. With no margin, at 64 GB (Mooncake first 1,000, chains) the
+lead went back and forth between learned value and its gated twin, and the real store restored
+2,183,494 tokens against 2,249,716 for learned value alone; at 16 GB, 1,762,368 against 1,842,270
+for gated seglen alone. With 5%: 2,249,716 and 1,842,209. The margin was picked from 0 / 0.05 /
+0.2 on that window and requests 5,000-5,999 (0.2 kept learned value too long: -12% at 0.25 GB) and
+checked on requests 2,000-2,999, which it did not see: 0.25 / 4 / 16 / 64 GB 485,376 / 955,484 /
+1,446,809 / 1,998,338 against 492,544 / 765,334 / 1,424,614 / 2,012,382 with no margin
+(results/LOG.md, eighth session). Shadows are approximate in one way: the real store's restores
+decide where a request's junction mark lies, and so what every shadow is offered.
 
 Cost: each shadow keeps keys and byte counts, no states; it adds one store's bookkeeping per
 candidate to every save and lookup. A simulated Mooncake window of 1,000 requests (Bamba-9B) runs
@@ -38,6 +47,7 @@ from kernels.checks import require
 from planner.snapshot_store import LRUEviction, Snapshot, SnapshotStore, policy_admits
 
 FREE_MEMORY_ONLY = ("speculative", "chunk")  # origins a gated candidate never evicts for
+SWITCH_MARGIN = 0.05  # a challenger leads only > 5% above the leader: each switch costs (module docstring)
 SHADOW_HALF_LIFE = 1024  # lookups; about the Mooncake windows of 1,000 requests the factorial studies
 
 
@@ -90,13 +100,16 @@ class _Bytes:
 
 class ShadowBestEviction:
     """Follow the candidate rule whose shadow store restored the most tokens lately (module docstring);
-    `half_life` in lookups (`float("inf")`: no decay, the restored tokens of the whole run)."""
+    `half_life` in lookups (`float("inf")`: no decay, the restored tokens of the whole run);
+    `switch_margin`: how far above the leader's score (a fraction of it) a challenger must be to lead."""
 
     name = "shadow_best"
 
-    def __init__(self, half_life: float = SHADOW_HALF_LIFE):
+    def __init__(self, half_life: float = SHADOW_HALF_LIFE, switch_margin: float = SWITCH_MARGIN):
         require(half_life > 0, "half_life", f"must be > 0 lookups, got {half_life}")
+        require(switch_margin >= 0, "switch_margin", f"must be >= 0, got {switch_margin}")
         self.half_life = half_life
+        self.switch_margin = switch_margin
         self._decay = 0.5 ** (1.0 / half_life)
         self.names = tuple(CANDIDATES)
         self._real = [CANDIDATES[n]() for n in self.names]
@@ -147,7 +160,7 @@ class ShadowBestEviction:
                 shadow.mark_restored(snap)
                 self.scores[i] += snap.position
         best = max(range(len(self.scores)), key=lambda i: (self.scores[i], -i))
-        if self.scores[best] > self.scores[self.leader]:
+        if self.scores[best] > self.scores[self.leader] * (1.0 + self.switch_margin):
             self.leader = best
         self.lookups_led[self.leader] += 1
 

@@ -209,19 +209,29 @@ class RefLearnedValue:
 
 
 class RefSeglen:
-    """recency + weight * (replay to the nearest held snapshot on the same token prefix), both
-    min-max normalized; the ancestor found by comparing tokens, not hashes."""
+    """recency + weight * (replay to the nearest held snapshot on the same prefix), both min-max
+    normalized. Ancestry as planner/eviction.py's SeglenEviction states it, checked on tokens: a
+    held g lies on h's prefix when it is shallower, their tokens agree over g's full blocks, and
+    either g ends in a lower block than h (its partial block is not compared: the engine keeps no
+    token of a snapshot but its own tail) or its tail tokens agree too."""
 
     name = "seglen"
     has_admits = False
 
     def __init__(self, nbytes: int):
-        pass
+        self.block = None  # the store's, told by `bind`
 
-    @staticmethod
-    def seglen(h: Held, held: list) -> int:
-        below = [g.position for g in held if g.position < h.position and h.tokens[:g.position] == g.tokens]
-        return h.position - max(below, default=0)
+    def bind(self, budget: int | None, nbytes: int, block: int) -> None:
+        self.block = block
+
+    def is_ancestor(self, g: Held, h: Held) -> bool:
+        g_full, h_full = g.position // self.block, h.position // self.block
+        full = g_full * self.block
+        return g.position < h.position and h.tokens[:full] == g.tokens[:full] \
+            and (g_full < h_full or h.tokens[:g.position] == g.tokens)
+
+    def seglen(self, h: Held, held: list) -> int:
+        return h.position - max((g.position for g in held if self.is_ancestor(g, h)), default=0)
 
     def victim(self, held: list) -> Held:
         recency = min_max([float(h.last_used) for h in held])
@@ -253,12 +263,14 @@ class RefGated:
 class RefShadowBest:
     """shadow_best: each candidate also runs alone on a shadow store fed every save and every
     lookup; a shadow's score decays by 0.5 ** (1 / 1024) per lookup before its restore (the position)
-    is added; the leader moves to the first highest score only when strictly above its own; the
-    leader's copy of its rule, kept up with the real store's events, decides for the real store."""
+    is added; the leader moves to the first highest score only when it is more than 5% above its
+    own; the leader's copy of its rule, kept up with the real store's events, decides for the real
+    store."""
 
     CANDIDATES = {"learned_value": lambda n: RefLearnedValue(n), "learned_value+gate": lambda n: RefGated(RefLearnedValue(n)),
                   "seglen+gate": lambda n: RefGated(RefSeglen(n)), "lru+gate": lambda n: RefGated(RefLRU())}
     DECAY = 0.5 ** (1 / 1024)
+    MARGIN = 1.05
 
     def __init__(self, nbytes: int):
         self.deciders = [make(nbytes) for make in self.CANDIDATES.values()]
@@ -266,9 +278,12 @@ class RefShadowBest:
         self.scores = [0.0] * len(self.deciders)
         self.leader = 0
 
-    def bind(self, budget: int | None, nbytes: int) -> None:
+    def bind(self, budget: int | None, nbytes: int, block: int) -> None:
         if budget is not None:
-            self.shadows = [RefStore(budget, nbytes, make(nbytes)) for make in self.CANDIDATES.values()]
+            self.shadows = [RefStore(budget, nbytes, make(nbytes), block) for make in self.CANDIDATES.values()]
+        for decider in self.deciders:
+            if hasattr(decider, "bind"):
+                decider.bind(budget, nbytes, block)
 
     has_admits = True
 
@@ -283,9 +298,9 @@ class RefShadowBest:
             if h is not None:
                 shadow.restore(h)
                 self.scores[i] += h.position
-        for i, score in enumerate(self.scores):  # ends on the first of the highest, if above the leader's
-            if score > self.scores[self.leader]:
-                self.leader = i
+        top = max(self.scores)
+        if top > self.MARGIN * self.scores[self.leader]:  # the first of the highest takes over
+            self.leader = self.scores.index(top)
 
     def victim(self, held: list) -> Held:
         return self.deciders[self.leader].victim(held)
@@ -318,11 +333,11 @@ EVICTIONS = {"lru": lambda nbytes: RefLRU(), "flop_aware": RefFlopAware, "learne
 class RefStore:
     """Held snapshots in recency order (least recently used first), with the store's counters."""
 
-    def __init__(self, budget: int | None, nbytes: int, eviction):
+    def __init__(self, budget: int | None, nbytes: int, eviction, block: int):
         self.budget, self.nbytes = budget, nbytes
         self.eviction = EVICTIONS[eviction](nbytes) if isinstance(eviction, str) else eviction
-        if hasattr(type(self.eviction), "bind"):
-            self.eviction.bind(budget, nbytes)
+        if hasattr(self.eviction, "bind"):
+            self.eviction.bind(budget, nbytes, block)
         self.held: list = []
         self.clock = 0
         self.counts = {"saved": 0, "evicted": 0, "restored": 0, "rejected": 0, "declined": 0, "duplicates": 0}
@@ -481,11 +496,12 @@ def simulate_reference(trace: list, settings: dict, snapshot_nbytes: int, evicti
     policy = get_policy(settings["policy"])
     block = settings["block_size"]
     unit = settings.get("prefix_match_unit", 0)
-    ctx = PlanContext(block, 0, settings["state_block"], settings["kernel_chunk"], unit)
+    ctx = PlanContext(block, 0, settings["state_block"], settings["kernel_chunk"], unit,
+                      snapshot_memory_bounded=settings["snapshot_byte_budget"] is not None)
     first_budget = settings["prefill_budget"] + settings["max_batch_size"]
     later_budget = first_budget - 1
     grid = (settings["decode_snapshot_grid"] or block) if settings["decode_snapshots"] else None
-    store = RefStore(settings["snapshot_byte_budget"], snapshot_nbytes, eviction)
+    store = RefStore(settings["snapshot_byte_budget"], snapshot_nbytes, eviction, block)
     computed: list = []
     records = []
     for index, (prompt, reply) in enumerate(trace):

@@ -110,9 +110,11 @@ SNAPSHOT = 1000  # bytes of one placeholder snapshot
 # explicitly (explicit settings win over the policy's engine defaults: exact decode states, a token
 # match unit and learned-value eviction)
 OURS_PLUS = dict(policy="ours-plus", decode_snapshots=False, eviction="lru", prefix_match_unit=16)
+ROOMY = 1 << 40  # a budget never reached: every save fits, and the grid is the budgeted 2048 one (a store
+# with no budget takes OURS_PLUS_UNBOUNDED_GRID_TOKENS, 1024: tests/test_placement_golden.py)
 
 
-@pytest.mark.parametrize("budget", [None, SNAPSHOT])
+@pytest.mark.parametrize("budget", [ROOMY, SNAPSHOT])
 def test_junction_on_the_speculative_grid_is_a_mark(budget):
     """A: 2040 prompt tokens + 20 generated (2059 computed, 128 full blocks = 2048 published);
     ours-plus's 2048 grid has no point under 2040, so A keeps only its capture at 2032 - 16 = 2016.
@@ -128,9 +130,9 @@ def test_junction_on_the_speculative_grid_is_a_mark(budget):
     stats = eng.snapshots.stats
     assert dict(stats.saved_by_origin) == {"chunk": 2, "mark": 1}
     assert stats.declined == 0
-    # held at the end: unbounded all three; one snapshot wide: the last save (LRU evicted 2016, then 2048)
-    assert eng.snapshots.positions() == ([2016, 2048, 2080] if budget is None else [2080])
-    if budget is None:  # C shares B's prefix past the junction: it restores there
+    # held at the end: roomy all three; one snapshot wide: the last save (LRU evicted 2016, then 2048)
+    assert eng.snapshots.positions() == ([2016, 2048, 2080] if budget == ROOMY else [2080])
+    if budget == ROOMY:  # C shares B's prefix past the junction: it restores there
         c = run(eng, b.all_token_ids[:2060] + tokens(30, first=7000), 1)
         assert restore_triple(c) == (2048, 2048, 2090 - 2048)
 
@@ -139,10 +141,10 @@ def test_a_grid_point_past_the_junction_stays_speculative():
     """A cold 2100-token prompt under ours-plus: its grid point 2048 is speculative (no KV match,
     so no junction), captured beside the tail capture at 2096 - 16 = 2080. With a budget of one
     snapshot the speculative save goes into the empty store, and the chunk capture evicts it."""
-    unbounded = engine(**OURS_PLUS, snapshot_nbytes=SNAPSHOT)
-    a = run(unbounded, tokens(2100), 1)
+    roomy = engine(**OURS_PLUS, snapshot_byte_budget=ROOMY, snapshot_nbytes=SNAPSHOT)
+    a = run(roomy, tokens(2100), 1)
     assert a.metrics.snapshot_positions == [2048, 2080]
-    assert dict(unbounded.snapshots.stats.saved_by_origin) == {"speculative": 1, "chunk": 1}
+    assert dict(roomy.snapshots.stats.saved_by_origin) == {"speculative": 1, "chunk": 1}
     full = engine(**OURS_PLUS, snapshot_byte_budget=SNAPSHOT, snapshot_nbytes=SNAPSHOT)
     run(full, tokens(2100, first=3000), 1)
     run(full, tokens(2100, first=6000), 1)  # a second cold prompt: its 2048 finds the store full

@@ -3,8 +3,9 @@
 Expected values come from the module's rules: a gated candidate never evicts for a speculative or
 chunk-end snapshot; each shadow store is the candidate run alone on the real store's saves and
 lookups; a shadow's score is its restored positions, decayed by 0.5 ** (1 / half_life) per lookup
-before the lookup's own restore is added; the leader changes only to a strictly higher score (ties
-stay with the earlier candidate); the real store's victims and admissions are the leader's.
+before the lookup's own restore is added; the leader changes only to a score more than the switch
+margin (5%) above its own (ties stay with the earlier candidate); the real store's victims and
+admissions are the leader's.
 
 States are tiny fakes (only `.nbytes` is read); prompts are token lists in blocks of `BS` tokens.
 """
@@ -118,15 +119,21 @@ class KeepShallow:
         return max(snapshots, key=lambda s: s.position)
 
 
-def test_the_leader_changes_on_a_strictly_higher_score_and_decides_for_the_real_store(monkeypatch):
-    monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"lru": LRUEviction, "keep_shallow": KeepShallow})
-    policy = ShadowBestEviction(half_life=float("inf"))
+def three_marks(monkeypatch, candidates: dict, switch_margin: float):
+    """shadow_best over `candidates` (no decay) on a store with room for two snapshots, offered marks
+    at 8, 16 and 24 of three prompts (the third needs an eviction); the policy, store and prompts."""
+    monkeypatch.setattr(shadow_eviction, "CANDIDATES", candidates)
+    policy = ShadowBestEviction(half_life=float("inf"), switch_margin=switch_margin)
     store = SnapshotStore(BS, byte_budget=200, eviction=policy)
-    (p, hp), (q, hq), (r, hr) = prompt(1), prompt(2), prompt(3)
-    store.save(p, 8, Blob(), hp, origin="mark")
-    store.save(q, 16, Blob(), hq, origin="mark")
-    store.save(r, 24, Blob(), hr, origin="mark")  # full: the leader (lru, the first) evicts p's 8
-    assert store.positions() == [16, 24]
+    prompts = prompt(1), prompt(2), prompt(3)
+    for (tokens, hashes), position in zip(prompts, (8, 16, 24)):
+        store.save(tokens, position, Blob(), hashes, origin="mark")
+    return policy, store, prompts
+
+
+def test_the_leader_changes_on_a_strictly_higher_score_and_decides_for_the_real_store(monkeypatch):
+    policy, store, ((p, hp), (q, hq), _) = three_marks(monkeypatch, {"lru": LRUEviction, "keep_shallow": KeepShallow}, 0.0)
+    assert store.positions() == [16, 24]  # the leader (lru, the first) evicted p's 8 for the third
     assert policy.shadows["lru"].positions() == [16, 24] and policy.shadows["keep_shallow"].positions() == [8, 24]
     assert store.lookup(q, 32, hq).position == 16  # only lru holds q's 16: lru leads on
     assert policy.leader_name == "lru" and policy.scores == pytest.approx([16, 0])
@@ -142,17 +149,33 @@ def test_the_leader_changes_on_a_strictly_higher_score_and_decides_for_the_real_
 
 
 def test_a_tie_with_an_earlier_candidate_keeps_the_leader(monkeypatch):
-    monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"keep_shallow": KeepShallow, "lru": LRUEviction})
-    policy = ShadowBestEviction(half_life=float("inf"))
-    store = SnapshotStore(BS, byte_budget=200, eviction=policy)
-    (p, hp), (q, hq), (r, hr) = prompt(1), prompt(2), prompt(3)
-    for tokens, hashes, position in ((p, hp, 8), (q, hq, 16), (r, hr, 24)):
-        store.save(tokens, position, Blob(), hashes, origin="mark")
+    policy, store, ((p, hp), (q, hq), _) = three_marks(monkeypatch, {"keep_shallow": KeepShallow, "lru": LRUEviction}, 0.0)
     assert policy.shadows["keep_shallow"].positions() == [8, 24] and policy.shadows["lru"].positions() == [16, 24]
     store.lookup(q, 32, hq)  # lru 16, keep_shallow 0: lru leads
     store.lookup(p, 32, hp)
     store.lookup(p, 32, hp)  # keep_shallow 16: a tie, and keep_shallow is the earlier candidate
     assert policy.scores == pytest.approx([16, 16]) and policy.leader_name == "lru"
+
+
+def test_a_challenger_takes_over_only_beyond_the_switch_margin(monkeypatch):
+    policy, store, ((p, hp), (q, hq), _) = three_marks(monkeypatch, {"lru": LRUEviction, "keep_shallow": KeepShallow}, 0.5)
+    store.lookup(q, 32, hq)  # lru 16 (only its shadow holds q's 16)
+    for _ in range(3):  # keep_shallow 8, 16, 24: 24 is not above 16 x 1.5
+        store.lookup(p, 32, hp)
+        assert policy.leader_name == "lru"
+    store.lookup(p, 32, hp)  # 32 > 24: over the margin
+    assert policy.scores == pytest.approx([16, 32]) and policy.leader_name == "keep_shallow"
+
+
+def test_the_default_switch_margin_is_five_percent(monkeypatch):
+    monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"lru": LRUEviction, "keep_shallow": KeepShallow})
+    policy = ShadowBestEviction(half_life=float("inf"))
+    policy.scores = [100.0, 104.9]
+    policy.looked_up([], 0, [])  # no shadows bound: the scores only decay (not at all: no half-life)
+    assert policy.leader_name == "lru"
+    policy.scores = [100.0, 105.1]
+    policy.looked_up([], 0, [])
+    assert policy.leader_name == "keep_shallow"
 
 
 def test_scores_decay_by_half_every_half_life_lookups(monkeypatch):
@@ -192,4 +215,6 @@ def test_unbounded_store_has_no_shadows_and_a_store_binds_once():
         SnapshotStore(BS, byte_budget=100, eviction=policy)
     with pytest.raises(ValueError, match="half_life"):
         ShadowBestEviction(half_life=0)
+    with pytest.raises(ValueError, match=r"^switch_margin: must be >= 0, got -0.1"):
+        ShadowBestEviction(switch_margin=-0.1)
     assert isinstance(get_eviction("shadow_best"), ShadowBestEviction)

@@ -25,7 +25,8 @@ class PlanContext:
     at which a policy keeps block-aligned states (vLLM's padded block; 0 = the KV block);
     `kernel_chunk` the SSD kernel's chunk (SGLang's state grid); `interval` interval snapshots
     in KV blocks (0 = off); `match_unit` where a prefix match may end (0 = the KV block; 1 = any
-    token: `SchedulerConfig.prefix_match_unit`).
+    token: `SchedulerConfig.prefix_match_unit`); `snapshot_memory_bounded` whether the snapshot
+    store has a device budget (the scheduler reads it off its store; a grid may be denser without).
     """
 
     block_size: int
@@ -33,6 +34,7 @@ class PlanContext:
     state_block: int = 0
     kernel_chunk: int = 256
     match_unit: int = 0
+    snapshot_memory_bounded: bool = True
 
     @property
     def unit(self) -> int:
