@@ -29,11 +29,10 @@ class OursPlus(Aligned):
     prefix match (copy-on-write of a partial KV block), the state after the last computed token
     of prompt + reply kept at finish (decode snapshots), and speculative in-launch captures every
     OURS_PLUS_GRID_TOKENS (2048) tokens (OURS_PLUS_UNBOUNDED_GRID_TOKENS, 1024, in a store with no
-    budget); under a budget the store follows whichever of four rules
-    restored the most tokens lately on shadow stores (planner.shadow_eviction.ShadowBestEviction:
-    learned value over every capture, or learned value, seglen or LRU with the speculative and
-    chunk-end captures kept to free memory: the grid thins itself when its captures go unrestored).
-    A byte-identical repeat
+    budget); under a budget the store follows whichever of four rules restored the most tokens
+    lately on shadow stores (planner.shadow_eviction.ShadowBestEviction: learned value over every
+    capture, or learned value, seglen or LRU with the speculative and chunk-end captures kept to
+    free memory: the grid thins itself when its captures go unrestored). A byte-identical repeat
     then replays 1 token, and a next chat turn its new tokens plus the reply's last token (the one
     whose K/V was never computed)."""
 
