@@ -74,7 +74,8 @@ class SchedulerConfig:
 
     @property
     def plan_context(self) -> PlanContext:
-        """What the policy's rules read besides the chunk."""
+        """What the policy's rules read besides the chunk; `snapshot_memory_bounded` is the store's to
+        say, not the config's: the `Scheduler` sets it from the store it is given."""
         return PlanContext(self.block_size, self.snapshot_interval_blocks, self.state_block, self.kernel_chunk,
                            self.prefix_match_unit)
 

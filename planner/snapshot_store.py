@@ -256,8 +256,7 @@ class SnapshotStore:
         existing = self._by_anchor.get(anchor, {}).get(tail)
         if existing is None or existing.tier:
             return None  # the caller saves instead
-        self._tell("offered", token_ids, position, existing.nbytes, block_hashes, existing.flops_saved,
-                           existing.origin)
+        self._tell("offered", token_ids, position, existing.nbytes, block_hashes, existing.flops_saved, existing.origin)
         self._count_duplicate(existing, next(self._clock))
         return existing
 

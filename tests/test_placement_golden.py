@@ -483,20 +483,25 @@ def test_constants_and_vllm_checkpoint_functions():
 
 
 # ---------------------------------------------------------------- the admission rule, through the engine
+def two_requests_over_a_grid_point(snapshot_byte_budget: int | None):
+    """ours-plus's placement alone (its decode states and token match, defaults of its engine, off
+    explicitly), block 16: A = 2048 tokens, then B = A + 2952 new; the engine and both requests."""
+    eng = Engine.for_placeholder(policy="ours-plus", block_size=16, prefill_budget=8192, num_kv_blocks=512,
+                                 max_batch_size=1, decode_snapshots=False, prefix_match_unit=16,
+                                 snapshot_byte_budget=snapshot_byte_budget)
+    a = list(range(1, 2049))
+    first, b = [eng.add_request(p, max_new_tokens=1) for p in (a, a + [9000 + i for i in range(2952)])]
+    eng.run_until_done()
+    return eng, first, b
+
+
 def test_engine_labels_a_junction_on_the_grid_as_a_mark():
     """A computes 2048 tokens (its split 2032 - 16 = 2016 captured; no grid point under 2048).
     B shares them and goes on to 5000: KV match 2048, restore 2016, so the junction 2048 is a
     mark although it is also a grid point; the grid keeps 4096 as speculative; B captures 2048,
     4096 and its split 4976 in one launch from 2016. A budget (1 TiB, never full) keeps the
     2048-token grid: a store with none takes the 1024 grid (the next test)."""
-    # the placement alone: ours-plus's decode states and token match (defaults of its engine) off, explicitly
-    eng = Engine.for_placeholder(policy="ours-plus", block_size=16, prefill_budget=8192, num_kv_blocks=512,
-                                 max_batch_size=1, decode_snapshots=False, prefix_match_unit=16,
-                                 snapshot_byte_budget=1 << 40)
-    a = list(range(1, 2049))
-    reqs = [eng.add_request(p, max_new_tokens=1) for p in (a, a + [9000 + i for i in range(2952)])]
-    eng.run_until_done()
-    b = reqs[1]
+    eng, _, b = two_requests_over_a_grid_point(snapshot_byte_budget=1 << 40)
     assert (b.metrics.kv_match_tokens, b.metrics.restore_at) == (2048, 2016)
     assert b.marked_positions == {2048} and b.speculative_positions == {4096}
     assert b.metrics.chunk_ends == [5000] and b.metrics.snapshot_positions == [2048, 4096, 4976]
@@ -509,12 +514,7 @@ def test_engine_grid_is_1024_tokens_in_a_store_with_no_budget():
     B (KV match 2048, restore 2016) marks the junction 2048 (also a grid point) and keeps 3072 and
     4096 as speculative, all captured in one launch with its split 4976."""
     assert OURS_PLUS_UNBOUNDED_GRID_TOKENS == 1024
-    eng = Engine.for_placeholder(policy="ours-plus", block_size=16, prefill_budget=8192, num_kv_blocks=512,
-                                 max_batch_size=1, decode_snapshots=False, prefix_match_unit=16)
-    a = list(range(1, 2049))
-    reqs = [eng.add_request(p, max_new_tokens=1) for p in (a, a + [9000 + i for i in range(2952)])]
-    eng.run_until_done()
-    first, b = reqs
+    _, first, b = two_requests_over_a_grid_point(snapshot_byte_budget=None)
     assert first.speculative_positions == {1024} and first.metrics.snapshot_positions == [1024, 2016]
     assert (b.metrics.kv_match_tokens, b.metrics.restore_at) == (2048, 2016)
     assert b.marked_positions == {2048} and b.speculative_positions == {3072, 4096}
