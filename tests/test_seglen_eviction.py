@@ -46,10 +46,12 @@ def test_registered_by_name_with_the_prs_weight():
 def test_store_keeps_prefixes_only_for_an_eviction_that_asks():
     plain = SnapshotStore(BS)
     assert plain.save(P, 8, State(), hash_full_blocks(P, BS))
-    assert plain.lookup(P, 8, hash_full_blocks(P, BS)).prefix_hashes is None
+    held = plain.lookup(P, 8, hash_full_blocks(P, BS))
+    assert held.prefix_hashes is None and held.prefix_tokens is None
     st = store()
     snap = save(st, P, 8)
     assert list(snap.prefix_hashes[:2]) == hash_full_blocks(P, BS)[:2]
+    assert snap.prefix_tokens.tolist() == P[:8]  # its own tokens, not the request's longer list
     assert st.eviction.block_size == BS
 
 
@@ -81,6 +83,31 @@ def test_inside_one_block_the_tail_tokens_decide():
     assert st.eviction.seglen(b) == 1
     c = save(st, P[:12] + [7, 7, 7], 14)  # same anchor, tail (7, 7): a (tail 112) is not
     assert st.eviction.seglen(c) == 14  # nothing held lies on its prefix
+
+
+def test_below_a_deeper_block_the_partial_block_is_compared_token_by_token():
+    st = store()
+    save(st, P, 13)  # 3 full blocks + tail (112,)
+    keeps = save(st, P[:13] + list(range(950, 969)), 20)  # token 12 is P's: 13 lies on its prefix
+    assert st.eviction.seglen(keeps) == 20 - 13
+    parts = save(st, P[:12] + list(range(970, 990)), 20)  # blocks 0-2 hash alike, token 12 differs
+    assert st.eviction.seglen(parts) == 20  # on full blocks alone it would read 20 - 13
+
+
+def test_ancestry_stays_exact_when_an_eviction_hands_children_up():
+    # 13 and 14 part inside block 3 (tails (112,) and (300, 301)); 20 and, later, 17 follow 14's
+    # tokens. 14 evicted, 20 has no held ancestor; 17 then lies between 0 and 20. On full blocks
+    # alone 13 would pass for 17's ancestor, and 20 (a root) would never be re-linked under 17.
+    st = store()
+    a = save(st, P, 13)
+    tokens_b = P[:12] + [300, 301] + list(range(400, 420))
+    b, c = save(st, tokens_b, 14), save(st, tokens_b, 20)
+    pol = st.eviction
+    assert [pol.seglen(s) for s in (a, b, c)] == [13, 14, 20 - 14]
+    st._evict(b)
+    assert pol.seglen(c) == 20
+    save(st, tokens_b, 17)
+    assert pol.seglen(c) == 20 - 17
 
 
 def test_eviction_moves_children_up_to_the_grandparent():
