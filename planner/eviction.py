@@ -139,8 +139,6 @@ class SeglenEviction:
         a_full = a.position // block_size
         if a_full and s.prefix_hashes[a_full - 1] != a.anchor:
             return False
-        if a_full == s.position // block_size:
-            return s.tail[:len(a.tail)] == a.tail
         return not a.tail or np.array_equal(s.prefix_tokens[a_full * block_size:a.position], a.tail)
 
     def _find_parent(self, s: Snapshot, block_size: int) -> Snapshot | None:

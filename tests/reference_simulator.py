@@ -270,12 +270,9 @@ class RefShadowBest:
         self.scores = [0.0] * len(self.deciders)
         self.leader = 0
 
-    def bind(self, budget: int | None, nbytes: int, block: int) -> None:
+    def bind(self, budget: int | None, nbytes: int) -> None:
         if budget is not None:
-            self.shadows = [RefStore(budget, nbytes, make(nbytes), block) for make in self.CANDIDATES.values()]
-        for decider in self.deciders:
-            if hasattr(decider, "bind"):
-                decider.bind(budget, nbytes, block)
+            self.shadows = [RefStore(budget, nbytes, make(nbytes)) for make in self.CANDIDATES.values()]
 
     has_admits = True
 
@@ -325,11 +322,11 @@ EVICTIONS = {"lru": lambda nbytes: RefLRU(), "flop_aware": RefFlopAware, "learne
 class RefStore:
     """Held snapshots in recency order (least recently used first), with the store's counters."""
 
-    def __init__(self, budget: int | None, nbytes: int, eviction, block: int):
+    def __init__(self, budget: int | None, nbytes: int, eviction):
         self.budget, self.nbytes = budget, nbytes
         self.eviction = EVICTIONS[eviction](nbytes) if isinstance(eviction, str) else eviction
         if hasattr(self.eviction, "bind"):
-            self.eviction.bind(budget, nbytes, block)
+            self.eviction.bind(budget, nbytes)
         self.held: list = []
         self.clock = 0
         self.counts = {"saved": 0, "evicted": 0, "restored": 0, "rejected": 0, "declined": 0, "duplicates": 0}
@@ -493,7 +490,7 @@ def simulate_reference(trace: list, settings: dict, snapshot_nbytes: int, evicti
     first_budget = settings["prefill_budget"] + settings["max_batch_size"]
     later_budget = first_budget - 1
     grid = (settings["decode_snapshot_grid"] or block) if settings["decode_snapshots"] else None
-    store = RefStore(settings["snapshot_byte_budget"], snapshot_nbytes, eviction, block)
+    store = RefStore(settings["snapshot_byte_budget"], snapshot_nbytes, eviction)
     computed: list = []
     records = []
     for index, (prompt, reply) in enumerate(trace):
