@@ -25,7 +25,7 @@ def test_prompt_length_sweep_scaled_incident_and_capture(tmp_path):
     out = tmp_path / "pl"
     assert ablations.main(["prompt-len", *COMMON, "--prompt-len", "40,260", "--block-size", "4", "--prefill-budget", "64",
                            "--interval", "0", "--out", str(out)]) == 0
-    for f in ("prompt_len.csv", "prompt_len.json", "prompt_len.png", "parts/prompt_len.part0of1.json"):
+    for f in ("prompt_len.csv", "prompt_len.json", "prompt_len.png", "parts/prompt_len.part0of1.json.gz"):
         assert (out / f).is_file(), f
     got = {(r["prompt_len"], r["label"]): r for r in rows_by(out, "prompt_len")}
     assert sorted(got) == [(40, "aligned"), (40, "aligned, no capture"), (40, "legacy"), (260, "aligned"), (260, "legacy")]
@@ -106,7 +106,7 @@ def test_shards_write_parts_and_merge_combines_them(tmp_path, capsys):
     assert (out / "block_size.png").is_file()
     # A rerun with another split replaces the old parts instead of mixing with them.
     assert ablations.main([*args, "--prefill-budget", "32"]) == 0
-    assert sorted(p.name for p in (out / "parts").iterdir()) == ["block_size.part0of1.json"]
+    assert sorted(p.name for p in (out / "parts").iterdir()) == ["block_size.part0of1.json.gz"]
 
 
 def test_a_point_that_fails_the_logit_check_is_not_reported(tmp_path, monkeypatch):

@@ -254,7 +254,7 @@ CASES = {
     "mt-replot-empty-requests": ("multiturn", lambda t: (
         ["--replot", "--out", str(folder_with(t, "summary.csv", ",".join(multiturn.SUMMARY_COLUMNS) + "\n"
                                                + ",".join(["1"] * len(multiturn.SUMMARY_COLUMNS)) + "\n"))],
-        "requests.csv: no such file")),
+        "requests.csv.gz: no such file")),
     "mt-merge-no-parts": ("multiturn", lambda t: (["--merge", "--out", str(folder_with(t, "x", None))],
                                                   "no part files")),
     "mt-merge-truncated-part": ("multiturn", lambda t: (

@@ -1,9 +1,10 @@
 """Multi-turn study: the workload generator, and the study end to end on the "tiny" model."""
 
-import csv
 import dataclasses
 import json
 
+from experiments.common import sweep_parts
+from experiments.common.results_io import read_csv
 from experiments.multiturn import run
 from experiments.multiturn.cli import main
 import pytest
@@ -93,8 +94,7 @@ def test_prompts_chain_turns_and_branches():
 
 
 def read(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return read_csv(path)  # a plain or a gzip'd CSV (requests.csv.gz)
 
 
 def test_study_end_to_end_on_the_tiny_model(tmp_path):
@@ -102,11 +102,11 @@ def test_study_end_to_end_on_the_tiny_model(tmp_path):
     assert main(["--model", "tiny", "--quick", "--threads", "1", "--block-size", "4",
                            "--prefill-budget", "32", "--interval", "4", "--snapshot-budget", "2",
                            "--out", str(out)]) == 0
-    for f in ("summary.csv", "requests.csv", "multiturn.json", "multiturn.png"):
+    for f in ("summary.csv", "requests.csv.gz", "multiturn.json", "multiturn.png"):
         assert (out / f).is_file(), f
     summary = {r["config"]: r for r in read(out / "summary.csv")}
     assert list(summary) == [c.name for c in run.CONFIGS]
-    requests = read(out / "requests.csv")
+    requests = read(out / "requests.csv.gz")
     meta = json.loads((out / "multiturn.json").read_text())
     n = meta["n_requests"]
     assert all(int(r["requests"]) == n for r in summary.values())
@@ -175,7 +175,7 @@ def test_shards_run_disjoint_configurations_and_merge_checks_them_together(tmp_p
     assert main([*args, "--merge"]) == 0
     summary = read(out / "summary.csv")
     assert [r["config"] for r in summary] == [c.name for c in run.CONFIGS]
-    parts = [json.loads(p.read_text()) for p in sorted((out / "parts").iterdir())]
+    parts = [sweep_parts.read_part(p) for p in sorted((out / "parts").iterdir())]  # .json.gz parts
     names = [c.name for c in run.CONFIGS]
     assert [[r["config"] for r in p["rows"]] for p in parts] == [names[0::2], names[1::2]]
     # The same workload and planner give the same planner figures as one unsharded run.

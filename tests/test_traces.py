@@ -232,6 +232,7 @@ def test_optimum_marks_restore_every_match_on_a_slice(tmp_path):
 
 def test_ray_sweep_on_two_cpus_matches_the_shards(tmp_path):
     pytest.importorskip("ray")
+    from experiments.common import sweep_parts
     from experiments.traces.__main__ import main
 
     path = _scaled_trace(tmp_path, n=10)
@@ -241,7 +242,7 @@ def test_ray_sweep_on_two_cpus_matches_the_shards(tmp_path):
     assert main([*common, "--ray", "--ray-cpus", "2", "--ray-tasks", "2", "--out", str(tmp_path / "ray")]) == 0
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ray", "local"))
-    assert a["config"] == b["config"] and len(list((tmp_path / "ray" / "parts").glob("*.json"))) == 2
+    assert a["config"] == b["config"] and len(sweep_parts.part_files(tmp_path / "ray", "traces")) == 2
     drop = ("wall_s",)
     for name in ("aligned", "ours-plus"):
         for budget in ("0.2", "unbounded"):

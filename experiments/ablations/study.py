@@ -43,7 +43,7 @@ failures, `effective_settings` per policy), `<out>/<sweep>.png` plotted from the
 unless `--out FOLDER` names one; `--publish` writes the committed record, results/ablations/<sweep>/.
 `all` writes each sweep into `<out>/<sweep>/` (default runs/ablations/<timestamp>/<sweep>/;
 `--publish`: results/ablations/<sweep>/). With `--shard i/n` a run measures every n-th point and
-writes `<out>/parts/<sweep>.part<i>of<n>.json`; `--merge` combines the parts and plots (a 1/1 run
+writes `<out>/parts/<sweep>.part<i>of<n>.json.gz`; `--merge` combines the parts and plots (a 1/1 run
 merges by itself); `--replot` redraws the figures from the CSV and JSON. After a merge the
 last point's replayed tokens and warm TTFT are printed beside the committed record's.
 """

@@ -14,8 +14,11 @@ import csv
 import functools
 import importlib
 import json
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
+
+from experiments.common import compact
 
 
 class InputError(ValueError):
@@ -25,6 +28,7 @@ class InputError(ValueError):
 def read_json(path: Path, keys: Sequence[str] = (), what: str = "a results JSON") -> Any:
     """The parsed JSON at `path`; an InputError if it is missing, empty, not JSON, or (for a dict)
     lacks any of `keys`."""
+    path = compact.locate(path)  # the errors below name the file read
     text = read_text(path, what)
     try:
         data = json.loads(text)
@@ -37,14 +41,16 @@ def read_json(path: Path, keys: Sequence[str] = (), what: str = "a results JSON"
 
 
 def read_text(path: Path, what: str = "a file") -> str:
-    path = Path(path)
+    """The text of `path`, or of its other form `path.gz` / `path` without `.gz` where only that exists
+    (the record's compact form, `experiments.common.compact`)."""
+    path = compact.locate(path)
     if not path.exists():
         raise InputError(f"{path}: no such file (expected {what})")
     if not path.is_file():
         raise InputError(f"{path}: not a file (expected {what})")
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+        text = compact.read_text(path)
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error) as e:  # a cut .gz: EOFError
         raise InputError(f"{path}: cannot read it ({e})") from None
     if not text.strip():
         raise InputError(f"{path}: empty (expected {what})")
@@ -53,6 +59,7 @@ def read_text(path: Path, what: str = "a file") -> str:
 
 def read_csv(path: Path, columns: Sequence[str] = (), what: str = "a results CSV") -> list[dict[str, str]]:
     """The rows of a CSV with at least one row and every one of `columns`; else an InputError."""
+    path = compact.locate(path)  # the errors below name the file read
     text = read_text(path, what)
     rows = list(csv.DictReader(text.splitlines()))
     if not rows:

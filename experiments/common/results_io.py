@@ -1,10 +1,11 @@
-"""Writing results: atomic file replacement, the environment record, the progress log, and `--shard i/n`
-parsing."""
+"""Writing results: atomic file replacement (a `.gz` name is written compact: `experiments.common.compact`),
+the environment record, the progress log, and `--shard i/n` parsing."""
 
 from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
 import os
 import platform
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from experiments.common import compact
 from kernels.checks import require
 
 REPO = Path(__file__).resolve().parents[2]  # experiments/common/results_io.py -> the repository
@@ -25,8 +27,13 @@ def log(msg: str) -> None:
 
 
 def environment(device: str = "cpu") -> dict[str, Any]:
-    """Device and versions, recorded beside every result."""
+    """Device and versions, the machine (`machine.machine_info`: CPU model, ISA, cores, load, oneDNN
+    and MKL) and, on the CPU, the routes its capabilities chose (`kernels.torch_cpu.capability`),
+    recorded beside every result."""
     import torch
+
+    from experiments.common.machine import machine_info
+    from kernels.torch_cpu.capability import routes_record
 
     try:
         import triton
@@ -34,10 +41,11 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         triton_version = triton.__version__
     except ImportError:  # pragma: no cover - triton is a dependency
         triton_version = None
+    machine = machine_info()
     if device.startswith("cuda") and torch.cuda.is_available():
         device_name = torch.cuda.get_device_name(torch.device(device))
     else:
-        device_name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+        device_name = f"CPU ({machine['cpu_label']})"
     return {
         "device": device,
         "device_name": device_name,
@@ -46,21 +54,26 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine,
+        "cpu_routes": routes_record() if device == "cpu" else None,
     }
 
 
 def _atomic_write(path: Path, write) -> Path:
+    """Replace `path` whole with what `write(text_stream)` writes (gzip'd for a `.gz` name), then remove
+    the file's other form (`X` beside a new `X.gz`, or the reverse), which readers would otherwise take."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", newline="") as f:
+        with os.fdopen(fd, "wb") as raw, compact.text_writer(raw, compact.is_compact(path)) as f:
             write(f)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)  # a rerun replaces the file whole; a crash leaves the old one
     except BaseException:
         os.unlink(tmp)
         raise
+    compact.twin(path).unlink(missing_ok=True)
     return path
 
 
@@ -86,8 +99,8 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    """The rows of `path` (or of its `.gz` form, `compact.locate`)."""
+    return list(csv.DictReader(io.StringIO(compact.read_text(path), newline="")))
 
 
 def save_figure(fig, path: Path) -> Path:

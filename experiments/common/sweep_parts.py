@@ -1,13 +1,14 @@
 """Sharded sweeps: every shard writes its own part file; a merge combines them into one CSV.
 
 A sweep is a list of points (plain dicts). Shard i/n runs the points whose index % n == i
-(`results_io.shard`) and rewrites `<out>/parts/<name>.part<i>of<n>.json` after every point, so
+(`results_io.shard`) and rewrites `<out>/parts/<name>.part<i>of<n>.json.gz` after every point, so
 a killed shard keeps what it finished. A part records the whole point list, the shard's
 config and environment, the rows it measured, and the points that failed their correctness
 check (those rows are never written). `merge` reads the parts of one sweep, refuses unless
 every point of the list was measured by exactly one shard, and writes `<name>.csv` (rows) and
 `<name>.json` (config, environments, failures, and per policy the `effective_settings` its rows
-record); figures are plotted from that CSV.
+record); figures are plotted from that CSV. Parts are gzip'd (`experiments.common.compact`: they
+carry the per-request data, 3-5x smaller); plain `.json` parts of older runs read the same.
 
 `run_shard` is the one measuring loop (the ablations' points, the multi-turn configurations):
 it measures this shard's points, records a point whose `measure` raises `PointFailed` as failed,
@@ -21,9 +22,11 @@ import hashlib
 import json
 import os
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from experiments.common import compact
 from experiments.common.inputs import InputError, read_json
 from experiments.common.results_io import environment, log, read_csv, shard, write_csv, write_json
 
@@ -36,17 +39,23 @@ def fingerprint(points: Sequence[dict], config: dict) -> str:
 
 def part_path(out: Path, name: str, shard: tuple[int, int]) -> Path:
     i, n = shard
-    return Path(out) / "parts" / f"{name}.part{i}of{n}.json"
+    return Path(out) / "parts" / f"{name}.part{i}of{n}.json.gz"
+
+
+def part_files(out: Path, name: str) -> list[Path]:
+    """The part files of sweep `name` in `out/parts`, compact (`.json.gz`) or plain (`.json`, older runs)."""
+    folder = Path(out) / "parts"
+    return sorted({*folder.glob(f"{name}.part*of*.json"), *folder.glob(f"{name}.part*of*.json.gz")})
 
 
 def clear_stale_parts(out: Path, name: str, shard: tuple[int, int], fp: str) -> list[Path]:
     """Delete this sweep's parts that belong to another split or another definition (a rerun
     replaces them); parts of the same split and definition (other shards of this run) stay."""
     removed = []
-    for path in sorted((Path(out) / "parts").glob(f"{name}.part*of*.json")):
+    for path in part_files(out, name):
         try:
-            part = json.loads(path.read_text())
-        except ValueError:  # empty or truncated (a shard killed mid-write before writes were atomic): stale
+            part = json.loads(compact.read_text(path))
+        except (ValueError, EOFError, OSError, zlib.error):  # empty or cut (killed mid-write before atomic writes): stale
             part = {}
         if not isinstance(part, dict) or part.get("fingerprint") != fp or part.get("shard", [None, None])[1] != shard[1]:
             path.unlink()
@@ -85,9 +94,9 @@ def run_shard(out: Path, name: str, points: Sequence[dict], config: dict, spec: 
     # the 1-minute load average beside the timings: other jobs on the same cores inflate them
     env = environment(device) | {"loadavg_1m_start": os.getloadavg()[0]}
     rows, done, failed = [], [], []
-    path = part_path(out, name, spec)
+    path = compact.locate(part_path(out, name, spec))  # a plain part of an older run resumes too
     if resume and path.exists():  # clear_stale_parts kept it: same split, same definition
-        part = json.loads(path.read_text())
+        part = json.loads(compact.read_text(path))
         rows, done = part["rows"], part["done"]
         log(f"resuming {path}: {len(done)} points kept")
     t0 = time.perf_counter()
@@ -112,7 +121,7 @@ def run_shard(out: Path, name: str, points: Sequence[dict], config: dict, spec: 
 def collect(out: Path, name: str) -> tuple[list[dict], list[dict], list[dict]]:
     """The parts of `name` in `out`, checked to cover every point exactly once: (parts sorted by
     shard, rows sorted by point, failures)."""
-    paths = sorted((Path(out) / "parts").glob(f"{name}.part*of*.json"))
+    paths = part_files(out, name)
     if not paths:
         raise IncompleteSweep(f"{out}/parts: no part files for sweep {name!r}")
     parts = sorted((read_part(p) for p in paths), key=lambda p: p["shard"][0])
@@ -148,10 +157,12 @@ def read_part(path: Path) -> dict:
     return part
 
 
-def merge(out: Path, name: str) -> dict:
-    """Combine the parts of `name` in `out`; write `<name>.csv` and `<name>.json`; return the meta."""
+def merge(out: Path, name: str, per_request: Sequence[str] = ()) -> dict:
+    """Combine the parts of `name` in `out`; write `<name>.csv` and `<name>.json`; return the meta.
+    `per_request`: row keys holding one value per request (a TTFT list), left out of the per-point CSV
+    (the parts keep them; the study writes them compact)."""
     parts, rows, failed = collect(out, name)
-    write_csv(Path(out) / f"{name}.csv", [csv_row(r) for r in rows])
+    write_csv(Path(out) / f"{name}.csv", [csv_row({k: v for k, v in r.items() if k not in per_request}) for r in rows])
     meta = {"name": name, "config": parts[0]["config"], "points": parts[0]["points"], "shards": len(parts),
             "environments": [p["environment"] for p in parts], "failed_points": failed, "rows": len(rows),
             "effective_settings": settings_by_policy(rows)}

@@ -22,11 +22,11 @@ the run checks it and exits 1 without writing the summary if not. TTFT is from a
 submission to its first token: it includes sharing ticks with the other requests in flight.
 
 Output (a new run folder runs/multiturn/<UTC timestamp>/, or `--out FOLDER`; `--publish` writes
-the committed results/multiturn/): `requests.csv` (one row per request and
-configuration), `summary.csv` (one row per configuration), `multiturn.json` (workload
+the committed results/multiturn/): `requests.csv.gz` (one row per request and
+configuration; gzip'd, as every per-request file), `summary.csv` (one row per configuration), `multiturn.json` (workload
 definition and distributions, config, environment), `multiturn.png` (plotted from the CSVs).
 Configurations are independent (a fresh engine each), so `--shard i/n` runs every n-th of them
-into `parts/multiturn.part<i>of<n>.json` and `--merge` combines the parts, checks the generated
+into `parts/multiturn.part<i>of<n>.json.gz` and `--merge` combines the parts, checks the generated
 tokens across all of them, and writes the files above (a 1/1 run merges by itself).
 
 Every planner figure (hit rate, restore depth, replayed tokens, snapshot counts and bytes)

@@ -15,8 +15,9 @@ from pathlib import Path
 from experiments.common.flags import (add_model_flags, add_policy_flag, add_prefill_budget_flag, add_replot_flag,
                                float_in_range, int_in_range, name_list, new_parser, require_block_of_budget,
                                shard_spec)
+from experiments.common import sweep_parts
 from experiments.common.inputs import InputError, fail_on_input_error, read_csv, read_json
-from experiments.multiturn.report import OUTPUTS, finalize, plot
+from experiments.multiturn.report import OUTPUTS, REQUESTS, finalize, plot
 from experiments.multiturn.run import NAME, RunConfig, Study, configs_for, run_configs
 from experiments.common.outputs import (add_out_flags, beside_record, record_folder, report_written, resolve_out,
                                         writes_record)
@@ -129,7 +130,7 @@ META_KEYS = ("workload", "config", "environment", "n_requests", "system_prompt_t
 def check_replot_files(out: Path) -> None:
     """The CSVs and JSON `plot` reads; an InputError naming the first that is wrong."""
     read_csv(out / "summary.csv", SUMMARY_COLUMNS, what="the multi-turn summary CSV")
-    read_csv(out / "requests.csv", REQUEST_COLUMNS, what="the multi-turn per-request CSV")
+    read_csv(out / REQUESTS, REQUEST_COLUMNS, what="the multi-turn per-request CSV")
     read_json(out / "multiturn.json", META_KEYS, what="the multi-turn JSON")
 
 
@@ -166,8 +167,7 @@ def show_beside_record(out: Path, policy: str) -> None:
 def written_files(out: Path, shard: tuple[int, int] | None) -> list[Path]:
     files = [out / f for f in OUTPUTS if (out / f).is_file()]
     if shard is not None:
-        i, n = shard
-        files.insert(0, out / "parts" / f"{NAME}.part{i}of{n}.json")
+        files.insert(0, sweep_parts.part_path(out, NAME, shard))
     return files
 
 

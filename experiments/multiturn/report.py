@@ -1,8 +1,8 @@
 """The multi-turn study's files: the merge of the shards' parts (checked), and the figure from the CSVs.
 
-`finalize(out)` combines `<out>/parts/multiturn.part*.json`, checks that every configuration
-generated the same tokens as the reference (`off` when it ran), and writes `requests.csv` (one
-row per request and configuration), `summary.csv` (one row per configuration), `multiturn.json`
+`finalize(out)` combines `<out>/parts/multiturn.part*.json.gz`, checks that every configuration
+generated the same tokens as the reference (`off` when it ran), and writes `requests.csv.gz` (one
+row per request and configuration, gzip'd: `experiments.common.compact`), `summary.csv` (one row per configuration), `multiturn.json`
 (workload definition and distributions, config, environment, and per configuration the settings
 its engine ran under, `effective_settings`, whose `policy` names the policy) and `multiturn.png`; on a failure
 it writes none of them (and removes stale ones). `plot(out)` redraws the figure from the files.
@@ -13,17 +13,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from experiments.common import compact
 from experiments.common import figure_style as fs
 from experiments.common import sweep_parts
 from experiments.multiturn.run import NAME, mismatches
 from experiments.common.results_io import log, read_csv, write_csv, write_json
 
-OUTPUTS = ("summary.csv", "requests.csv", "multiturn.json", "multiturn.png")
+REQUESTS = "requests.csv.gz"  # per-request, so compact (113 requests x 9 configurations: 105 KB plain, 21 KB)
+OUTPUTS = ("summary.csv", REQUESTS, "multiturn.json", "multiturn.png")
 
 
 def _fail(out: Path, message: str) -> int:
     for f in OUTPUTS:
         (out / f).unlink(missing_ok=True)
+        compact.twin(out / f).unlink(missing_ok=True)  # a plain requests.csv of an older run
     log(f"FAILED: {message}; nothing written")
     return 1
 
@@ -51,7 +54,7 @@ def finalize(out: Path) -> int:
         "effective_settings": {r["config"]: r["effective_settings"] for r in rows if "effective_settings" in r},
     }
     write_json(out / "multiturn.json", meta)
-    write_csv(out / "requests.csv", [q for r in rows for q in r["request_rows"]])
+    write_csv(out / REQUESTS, [q for r in rows for q in r["request_rows"]])
     write_csv(out / "summary.csv", [{k: v for k, v in r.items() if k != "request_rows"} for r in rows])
     log(f"{NAME}: merged {len(rows)} configurations from {len(parts)} part(s); figure {plot(out).name}")
     return 0
@@ -151,7 +154,7 @@ def _title(fig, meta: dict) -> None:
 def plot(out: Path) -> Path:
     plt = fs.pyplot()
     summary = read_csv(out / "summary.csv")
-    requests = read_csv(out / "requests.csv")
+    requests = read_csv(out / REQUESTS)  # or a plain requests.csv of an older run
     meta = json.loads((out / "multiturn.json").read_text())
     bars = Bars(summary)
     fig, ((ax_hit, ax_rep), (ax_ttft, ax_mem)) = plt.subplots(2, 2, figsize=(15, 9))

@@ -16,7 +16,7 @@ import math
 import sys
 from pathlib import Path
 
-from experiments.common import sweep_parts
+from experiments.common import compact, sweep_parts
 from experiments.common.flags import (add_limit_flag, add_policy_list_flag, add_prefill_budget_flag, add_replot_flag,
                                float_in_range, int_in_range, name_list, new_parser, shard_spec)
 from experiments.common.inputs import InputError, fail_on_input_error, read_json, require_extra
@@ -26,7 +26,8 @@ from experiments.common.results_io import environment, log, write_json, write_te
 from experiments.traces.cost import SHAPES, ShapeCost
 from experiments.traces.simulate import SimConfig
 from experiments.traces.goals import check as check_goals, markdown as goal_table
-from experiments.traces.sweep import NAME, load_requests, points_for, run_on_ray, run_points, summarize, write_ttfts
+from experiments.traces.sweep import (NAME, PER_REQUEST, TTFTS, load_requests, points_for, run_on_ray, run_points,
+                                      summarize, write_ttfts)
 from experiments.workloads import READINGS, WORKLOADS, default_reading
 from planner.eviction import EVICTION_POLICIES
 from planner.policies.registry import POLICIES
@@ -177,13 +178,14 @@ def check_parts(out: Path) -> None:
 
 
 def replot(out: Path) -> list[Path]:
-    """The figures again from `out/summary.json` and `out/ttft.json` (guarded reads)."""
+    """The figures again from `out/summary.json` and `out/ttft.json.gz` (or a plain `ttft.json`; guarded reads)."""
     from experiments.traces.plots import plot_all
 
     read_json(out / "summary.json", ("readings", "trace", "shape", "requests"), what="a traces summary")
-    ttfts = read_json(out / "ttft.json", what="the per-request TTFTs of a traces run")
+    ttfts_path = compact.locate(out / TTFTS)
+    ttfts = read_json(ttfts_path, what="the per-request TTFTs of a traces run")
     if not isinstance(ttfts, list):
-        raise InputError(f"{out / 'ttft.json'}: not a list of TTFT rows")
+        raise InputError(f"{ttfts_path}: not a list of TTFT rows")
     try:
         return plot_all(out)
     except (KeyError, TypeError, ValueError, IndexError) as err:
@@ -193,15 +195,14 @@ def replot(out: Path) -> list[Path]:
 def finish(args, config: dict) -> list[Path]:
     """Merge the parts, write the summary, TTFTs, goals and plots; returns the files written."""
     out = args.out
-    sweep_parts.merge(out, NAME)
+    sweep_parts.merge(out, NAME, per_request=PER_REQUEST)
     parts, rows, _ = sweep_parts.collect(out, NAME)
     config = parts[0]["config"]  # what the shards ran (a --merge's own flags may differ)
     cost = ShapeCost.from_preset(config["shape"]).summary()
     summary = summarize(rows, config, environment(), cost)
     written = [out / f"{NAME}.csv", out / f"{NAME}.json", write_json(out / "summary.json", summary)]
-    write_ttfts(out, rows)
     goals = check_goals(summary)
-    written += [out / "ttft.json", write_json(out / "goals.json", goals),
+    written += [write_ttfts(out, rows), write_json(out / "goals.json", goals),
                 write_text(out / "goals.md", goal_table(goals))]
     if not args.no_plots:
         from experiments.traces.plots import plot_all

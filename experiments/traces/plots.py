@@ -1,4 +1,4 @@
-"""Figures from a run's `summary.json` and `ttft.json` (data first; nothing is recomputed here)."""
+"""Figures from a run's `summary.json` and `ttft.json.gz` (data first; nothing is recomputed here)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from experiments.common import compact
+from experiments.traces.sweep import TTFTS
 
 
 def _eviction(name: str, policy: dict, config: dict) -> str | None:
@@ -114,7 +117,7 @@ def plot_all(out: Path) -> list[Path]:
     plt = fs.pyplot()
     out = Path(out)
     summary = json.loads((out / "summary.json").read_text())
-    ttfts = json.loads((out / "ttft.json").read_text())
+    ttfts = json.loads(compact.read_text(out / TTFTS))  # ttft.json.gz, or a plain ttft.json of an older run
     config = summary.get("config", {})
     paths = []
     for reading, data in summary["readings"].items():
