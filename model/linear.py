@@ -1,41 +1,81 @@
-"""Linear layers that keep bf16/fp16 matmuls fast on a CPU without half-precision matmul units.
+"""Linear layers whose CPU product takes the route this machine's capabilities chose.
 
-On a CPU without AVX512-BF16 or AMX (this project's 2-core machine), PyTorch's bf16 matmul runs a
-generic kernel: (2048 x 256) @ (256 x 1024) took 963 ms in bf16 and 15 ms as the same product in
-fp32 with both casts included, one thread. So a half-precision product on the CPU is computed as
-an fp32 product of the upcast operands and rounded back once: the products of two bf16 values are
-exact in fp32 and the sum accumulates in fp32, which is what a bf16 GEMM with fp32 accumulation
-(oneDNN's, cuBLAS's) computes, up to summation order. At one row (a decode step) both take the same
-time (0.18 ms for a 2048 x 256 weight). On a GPU, or in fp32, `linear` is `F.linear`.
+The routes (`kernels.torch_cpu.capability`, decided once per process and recorded with every
+result) pick, on the CPU:
+* fp32: oneDNN (`torch.ops.mkldnn._linear_pointwise`) where the start-up probe timed it faster
+  than torch's BLAS, else `F.linear`. Both are IEEE fp32 products: oneDNN runs only while torch's
+  fp32 matmul precision is "highest", so an fp32 run never meets TF32 or bf16. Below
+  `ONEDNN_MIN_ROWS` rows (a decode step) `F.linear` stays: its call costs less (one row of a
+  256 x 1024 weight on the EPYC: 19 us against 30 us), where from 16 rows oneDNN leads
+  (81 us against 112 us).
+* bf16 / fp16: torch's native half-precision GEMM (oneDNN, fp32 accumulation) where the CPU has
+  the instructions for it (AVX512-BF16 or AMX; AVX512-FP16 or AMX-FP16), else the fp32 product of
+  the upcast operands rounded back once. The latter is exact up to summation order: products of
+  two bf16 values are exact in fp32 and the sum accumulates in fp32, as a bf16 GEMM with fp32
+  accumulation does. On a CPU without AVX512-BF16 the native bf16 kernel is generic: (2048 x 256)
+  @ (256 x 1024) took 963 ms native against 15 ms as fp32 products (AVX2 laptop, one thread).
+On a GPU, or with mixed dtypes, `linear` is `F.linear`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-_HALF = (torch.bfloat16, torch.float16)
-_upcast = [True]  # False inside `native_half_matmuls`
+from kernels.torch_cpu.capability import cpu_routes
+
+ONEDNN_MIN_ROWS = 16
+_HALF_ROUTE = {torch.bfloat16: "bf16_matmul", torch.float16: "fp16_matmul"}
+_native = [False]  # True inside `native_half_matmuls`
 
 
 @contextlib.contextmanager
 def native_half_matmuls() -> Iterator[None]:
-    """PyTorch's own half-precision CPU matmul inside the block (a comparison with another
-    implementation bit for bit needs the same kernel on both sides)."""
-    _upcast.append(False)
+    """PyTorch's own half-precision CPU matmul inside the block, whatever the route (a comparison
+    with another implementation bit for bit needs the same kernel on both sides)."""
+    _native.append(True)
     try:
         yield
     finally:
-        _upcast.pop()
+        _native.pop()
+
+
+@functools.cache
+def _onednn_fp32_is_ieee() -> bool:
+    """oneDNN's own fp32 matmul setting (torch >= 2.9) is IEEE; read once (the property costs ~10 us,
+    against ~20 us for a one-row product)."""
+    mkldnn_matmul = getattr(torch.backends.mkldnn, "matmul", None)
+    return getattr(mkldnn_matmul, "fp32_precision", "none") in ("none", "ieee")
+
+
+def _fp32_is_ieee() -> bool:
+    """Torch's fp32 matmul precision is IEEE fp32 (no TF32, no bf16), globally and for oneDNN."""
+    return torch.get_float32_matmul_precision() == "highest" and _onednn_fp32_is_ieee()
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, "none", [], "")
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`, with a half-precision product on the CPU computed in fp32 (module docstring)."""
-    if _upcast[-1] and x.device.type == "cpu" and x.dtype in _HALF and weight.dtype == x.dtype:
+    """`F.linear`, with the CPU product on this machine's route (module docstring)."""
+    if x.device.type != "cpu" or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return F.linear(x, weight, bias)
+    routes = cpu_routes()
+    if x.dtype == torch.float32:
+        if (routes.fp32_matmul == "onednn" and x.dim() >= 2 and x.numel() >= ONEDNN_MIN_ROWS * x.shape[-1]
+                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+                and _fp32_is_ieee()):
+            return _onednn_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+    route = _HALF_ROUTE.get(x.dtype)
+    if route is not None and not _native[-1] and getattr(routes, route) == "fp32_products":
         out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
         return out.to(x.dtype)
     return F.linear(x, weight, bias)

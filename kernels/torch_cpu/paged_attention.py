@@ -3,10 +3,12 @@ runs them on CPU.
 
 Contract and layout: `kernels.contracts.paged_attention`; the oracles they are tested against:
 `kernels.reference.paged_attention`. `paged_attention_cpu` is written for speed as well as
-clarity: one gather per sequence, then torch's fused `scaled_dot_product_attention` in fp32
-(its CPU flash kernel never materializes the scores; the timing against matmul + softmax is in
+clarity: one gather per sequence, then torch's fused `scaled_dot_product_attention` (its CPU
+flash kernel never materializes the scores; the timing against matmul + softmax is in
 results/LOG.md, 2026-12-01), query rows processed in blocks so that the boolean mask of a
-prefill chunk over a cached prefix stays bounded by `SCORE_BYTES`.
+prefill chunk over a cached prefix stays bounded by `SCORE_BYTES`. It runs in fp32, except bf16
+inputs on the `bf16_attention` "native" route (`kernels.torch_cpu.capability`: a CPU with
+AVX512-BF16 or AMX), where the flash kernel takes them as they are and accumulates in fp32.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.checks import debug_checks
+from kernels.torch_cpu.capability import cpu_routes
 from kernels.contracts.paged_attention import (check_kv_block_copy_args, check_kv_cache_write_args,
                                                check_paged_attention_args)
 
@@ -75,7 +78,8 @@ def paged_attention_cpu(
     scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of packed varlen queries over their paged K/V, in fp32.
+    """Causal attention of packed varlen queries over their paged K/V, in fp32 (bf16 on the
+    "native" `bf16_attention` route, fp32 accumulation).
 
     query ``(T, Hq, D)``, caches ``(num_blocks, block_size, Hkv, D)``, block_tables
     ``(S, max_blocks)`` int32, seq_lens ``(S,)`` int32, cu_seqlens_q ``(S + 1,)`` int32.
@@ -88,6 +92,8 @@ def paged_attention_cpu(
     scale = head_dim**-0.5 if scale is None else float(scale)
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    native = query.dtype == torch.bfloat16 and cpu_routes().bf16_attention == "native"
+    compute = query.dtype if native else torch.float32
     k_slots = key_cache.view(-1, num_kv_heads, head_dim)
     v_slots = value_cache.view(-1, num_kv_heads, head_dim)
 
@@ -96,11 +102,11 @@ def paged_attention_cpu(
         if q_len == 0:
             continue
         context_len = seq_len - q_len
-        # Gather this sequence's keys through its block table: (Hkv, seq_len, D) in fp32.
+        # Gather this sequence's keys through its block table: (Hkv, seq_len, D) in `compute`.
         pos = torch.arange(seq_len, device=query.device)
         slots = block_tables[s, pos // block_size].long() * block_size + pos % block_size
-        k = k_slots[slots].float().transpose(0, 1)
-        v = v_slots[slots].float().transpose(0, 1)
+        k = k_slots[slots].to(compute).transpose(0, 1)
+        v = v_slots[slots].to(compute).transpose(0, 1)
 
         # No cached context: SDPA's own causal mask holds for every row, so one call (the fused
         # kernel skips the blocks above the diagonal and holds no scores or mask); row blocks
@@ -110,7 +116,7 @@ def paged_attention_cpu(
         for r0 in range(0, q_len, rows_per_block):
             r1 = min(q_len, r0 + rows_per_block)
             n_rows, n_keys = r1 - r0, context_len + r1  # keys past the block's last query are invisible to all rows
-            q = query[q_start + r0 : q_start + r1].float().transpose(0, 1)  # (Hq, n_rows, D)
+            q = query[q_start + r0 : q_start + r1].to(compute).transpose(0, 1)  # (Hq, n_rows, D)
             # Row i sees keys <= context_len + r0 + i (bottom-right causal). With no keys before the
             # block that is SDPA's own causal mask; a one-row block sees every key it is given.
             diag = context_len + r0
