@@ -11,6 +11,14 @@
   the default plan (the decode row in its own split-K launch when `choose_launches` says so, note
   e.g. "m128n64w8s1+m16n64w4s32") against the one-launch plan (``num_splits=1``: the decode row
   rides the chunk's launch), launch alone, ms (issue 11's measured reason, either way).
+* FlexAttention compiles per shape, and past Dynamo's recompile limit (8 by default) later shapes
+  would run eager flex under the same label: Dynamo is reset before each shape's flex peer, so each
+  compiles afresh (note "flex:page128:compiled"); on a CPU (``--device cpu``, the dry run) flex runs
+  eager and says so ("flex:page128:eager").
+* Ratios: ``peer_over_ours`` (a peer's ms over the Triton launch's at the same config: above 1, ours is
+  faster), ``pct_copy_bw`` (GB/s over the copy ceiling) and ``pct_gemm`` (TFLOP/s over the GEMM
+  ceiling), the ceilings from ``--ceilings`` (``python -m experiments.bench.ceilings``) or, without
+  it, the copy measured here.
 * Every config is checked against the oracle `paged_attention_ref` before it is timed; a failing
   one is not reported (the row says so), and the script exits 1.
 * The Triton kernel is timed twice: the launch alone (`paged_attention.launch` of a plan made once:
@@ -19,7 +27,9 @@
 Writes ``bench.csv`` (device, versions, config, numbers; rewritten after every config) and a PNG drawn
 from the CSV by `plot`, into a new ``runs/bench_paged_attention/<timestamp>/`` (``--publish``:
 ``results/bench_paged_attention/``). The attention shape is a model preset's (``--model``).
-On a machine without CUDA it says so and exits 0 without writing anything.
+On a machine without CUDA it says so and exits 0 without writing anything, unless ``--device cpu``
+is given with TRITON_INTERPRET=1 (the GPU script's ``--dry-run``: tiny shapes through the interpreter,
+timed with ``time.perf_counter``).
 
     python -m experiments.bench.paged_attention                    # the full sweep (H200: minutes)
     python -m experiments.bench.paged_attention --batches 1 --contexts 32768 --prefixes 0
@@ -29,11 +39,13 @@ On a machine without CUDA it says so and exits 0 without writing anything.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
 import torch
 
+from experiments.bench.ratios import add_peer_ratios, load_ceilings, pct_of
 from experiments.common.results_io import environment, log, read_csv, write_csv
 from kernels.testing import tolerance
 
@@ -55,7 +67,8 @@ def int_list_or_none(lo: int):
 
 
 def parser():
-    from experiments.common.flags import add_replot_flag, float_in_range, int_in_range, int_list, new_parser
+    from experiments.common.flags import (add_replot_flag, device_name, float_in_range, int_in_range, int_list,
+                                          new_parser)
     from experiments.bench import preset_name
     from experiments.common.outputs import add_out_flags
 
@@ -84,6 +97,10 @@ def parser():
     p.add_argument("--warmup", type=int_in_range(1), default=25, help="do_bench warmup, ms")
     p.add_argument("--rep", type=int_in_range(1), default=100, help="do_bench repetition time, ms")
     p.add_argument("--seed", type=int_in_range(0, 2**32 - 1), default=0, help="random seed")
+    p.add_argument("--device", type=device_name, default=None,
+                   help="cuda (absent: cuda), or cpu through the Triton interpreter (TRITON_INTERPRET=1; a dry run)")
+    p.add_argument("--ceilings", type=Path, default=None,
+                   help="a ceilings.json (python -m experiments.bench.ceilings): copy GB/s and GEMM TFLOP/s")
     add_replot_flag(p)
     return p
 
@@ -92,6 +109,7 @@ def parse_args(argv=None):
     from model.families import PRESETS
 
     args = parser().parse_args(argv)
+    args.device = args.device or "cuda"
     c = PRESETS[args.model]
     args.num_q_heads, args.num_kv_heads, args.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     return args
@@ -244,17 +262,24 @@ def flex_paged_peer(pb: Problem, k: torch.Tensor, v: torch.Tensor, page_size: in
         to_physical(logical.full_kv_indices), BLOCK_SIZE=logical.BLOCK_SIZE, mask_mod=physical_mask,
         seq_lengths=(pb.q_len, n_pages * page_size),
     )
+    if compile_fn:
+        torch._dynamo.reset()  # a fresh compile for this shape: never past the recompile limit, never eager
     attend = torch.compile(flex_attention, dynamic=False) if compile_fn else flex_attention
     q = queries_4d(pb)
 
     def call():
         return attend(q, k_phys, v_phys, block_mask=mask, enable_gqa=True).transpose(1, 2).reshape(pb.query.shape)
 
-    return call, f"flex:page{page_size}"
+    return call, f"flex:page{page_size}:{'compiled' if compile_fn else 'eager'}"
 
 
 # ------------------------------------------------------------------------------------------------
 # Measurement
+
+
+def empty_cache(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def copy_bandwidth_gbps(device, do_bench, nbytes=4 * 2**30) -> float:
@@ -342,7 +367,7 @@ def close_enough(got, want, dtype) -> tuple[bool, float]:
     return ok, err
 
 
-def run_config(kind, pb, args, env, do_bench, copy_gbps, rows):
+def run_config(kind, pb, args, env, do_bench, ceilings, rows):
     """Check and time the Triton kernel (and the peers) on one problem; appends a row per impl."""
     from kernels import paged_attention as pa
     from kernels.reference.paged_attention import paged_attention_ref
@@ -353,7 +378,7 @@ def run_config(kind, pb, args, env, do_bench, copy_gbps, rows):
     base = dict(env, kind=kind, batch=batch, q_len=pb.q_len, seq_len=pb.seq_len, context=pb.seq_len - pb.q_len,
                 num_q_heads=pb.query.shape[1], num_kv_heads=pb.key_cache.shape[2], head_dim=pb.query.shape[2],
                 block_size=pb.key_cache.shape[1], dtype=str(dtype).replace("torch.", ""),
-                copy_gbps=round(copy_gbps, 1))
+                copy_gbps=round(ceilings["copy_gbps"], 1))
     nbytes, flops = decode_bytes(pb), attention_flops(pb)
 
     def report(impl, note, fn, ms_call=None):
@@ -363,8 +388,9 @@ def run_config(kind, pb, args, env, do_bench, copy_gbps, rows):
         if ok:
             ms = do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
             row.update(ms=f"{ms:.4f}", gbps=f"{nbytes / (ms * 1e-3) / 1e9:.1f}",
-                       pct_copy_bw=f"{100 * nbytes / (ms * 1e-3) / 1e9 / copy_gbps:.1f}",
-                       tflops=f"{flops / (ms * 1e-3) / 1e12:.1f}",
+                       pct_copy_bw=pct_of(nbytes / (ms * 1e-3) / 1e9, ceilings["copy_gbps"]),
+                       tflops=f"{flops / (ms * 1e-3) / 1e12:.4g}",
+                       pct_gemm=pct_of(flops / (ms * 1e-3) / 1e12, ceilings.get("gemm_tflops")),
                        ms_call="" if ms_call is None else f"{ms_call:.4f}")
             log(f"  {impl:<22} {note:<24} {ms:9.4f} ms {row['gbps']:>8} GB/s ({row['pct_copy_bw']}% of copy) "
                 f"{row['tflops']:>7} TFLOP/s")
@@ -390,7 +416,7 @@ def run_config(kind, pb, args, env, do_bench, copy_gbps, rows):
         rows.append(dict(base, impl="sdpa_contiguous", note=f"unavailable: {type(exc).__name__}: {exc}"[:200]))
     if flex_available():
         try:
-            fn, note = flex_paged_peer(pb, k, v, args.flex_page_size)
+            fn, note = flex_paged_peer(pb, k, v, args.flex_page_size, compile_fn=pb.query.is_cuda)
             all_ok &= report("flex_paged", note, fn)
         except Exception as exc:
             rows.append(dict(base, impl="flex_paged", note=f"unavailable: {type(exc).__name__}: {exc}"[:200]))
@@ -402,7 +428,7 @@ def run_config(kind, pb, args, env, do_bench, copy_gbps, rows):
 
 FIELDS = ["device", "torch", "triton", "python", "kind", "impl", "note", "batch", "q_len", "seq_len", "context",
           "num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "correct", "max_abs_err", "ms",
-          "ms_call", "gbps", "copy_gbps", "pct_copy_bw", "tflops"]
+          "ms_call", "gbps", "copy_gbps", "pct_copy_bw", "tflops", "pct_gemm", "peer_over_ours"]
 
 
 def plot(csv_path: Path, png_path: Path) -> None:
@@ -448,7 +474,9 @@ def plot(csv_path: Path, png_path: Path) -> None:
 
 
 def write_rows(csv_path: Path, rows: list[dict]) -> None:
-    """The CSV with FIELDS as its columns, in order ("" where a row has no value)."""
+    """The CSV with FIELDS as its columns, in order ("" where a row has no value); each timed row's
+    `peer_over_ours` against the Triton launch of its config."""
+    add_peer_ratios(rows, ("kind", "batch", "q_len", "seq_len"), "triton_paged")
     write_csv(csv_path, [{f: row.get(f, "") for f in FIELDS} for row in rows])
 
 
@@ -479,9 +507,13 @@ def _main(argv=None) -> int:
         resolve_out(parser(), args, reading="--replot")
         report_written(replot(args.out))
         return 0
-    if not torch.cuda.is_available():
+    ceilings = load_ceilings(args.ceilings)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
         log("experiments.bench.paged_attention: no CUDA device on this machine; nothing measured, nothing written.")
         return 0
+    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        parser().error("argument --device: cpu runs the Triton kernel only through the interpreter (TRITON_INTERPRET=1)")
+    args.given_ceilings = ceilings
     resolve_out(parser(), args)
     rows, all_ok = sweep(args)
     report_written([args.out / CSV_NAME, *replot(args.out)])
@@ -492,16 +524,19 @@ def _main(argv=None) -> int:
 
 def sweep(args) -> tuple[list[dict], bool]:
     """Every decode, prefill and mixed config, checked then timed; the CSV rewritten after each."""
-    from triton.testing import do_bench
+    from experiments.bench.timing import bench_fn
 
     torch.manual_seed(args.seed)
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    do_bench = bench_fn(args.device)
     dtype = DTYPES[args.dtype]
-    full_env = environment("cuda")
+    full_env = environment(args.device)
     env = dict(device=full_env["device_name"], torch=full_env["torch"], triton=full_env["triton"],
                python=full_env["python"])
-    copy_gbps = copy_bandwidth_gbps(device, do_bench)
-    log(f"{env['device']}: copy bandwidth {copy_gbps:.0f} GB/s (read + write)")
+    ceilings = args.given_ceilings or dict(
+        copy_gbps=copy_bandwidth_gbps(device, do_bench, nbytes=4 * 2**30 if device.type == "cuda" else 2**26))
+    log(f"{env['device']}: copy bandwidth {ceilings['copy_gbps']:.0f} GB/s (read + write), GEMM "
+        f"{ceilings.get('gemm_tflops', '?')} TFLOP/s ({'--ceilings' if args.given_ceilings else 'copy measured here'})")
     csv_path = args.out / CSV_NAME
     rows: list[dict] = []
     all_ok = True
@@ -514,23 +549,23 @@ def sweep(args) -> tuple[list[dict], bool]:
             log(f"decode B={batch} ctx={context}")
             pb = make_problem(batch, 1, context + 1, args.num_q_heads, args.num_kv_heads, args.head_dim,
                               args.block_size, dtype, device)
-            all_ok &= run_config("decode", pb, args, env, do_bench, copy_gbps, rows)
+            all_ok &= run_config("decode", pb, args, env, do_bench, ceilings, rows)
             write_rows(csv_path, rows)  # after every config: a crash or timeout keeps what was measured
             del pb
-            torch.cuda.empty_cache()
+            empty_cache(device)
     for prefix in args.prefixes:
         log(f"prefill chunk q={args.prefill_queries} prefix={prefix}")
         pb = make_problem(1, args.prefill_queries, prefix + args.prefill_queries, args.num_q_heads,
                           args.num_kv_heads, args.head_dim, args.block_size, dtype, device)
-        all_ok &= run_config("prefill", pb, args, env, do_bench, copy_gbps, rows)
+        all_ok &= run_config("prefill", pb, args, env, do_bench, ceilings, rows)
         write_rows(csv_path, rows)
         del pb
-        torch.cuda.empty_cache()
+        empty_cache(device)
     for chunk in args.mixed_chunks:
         log(f"mixed: chunk q={chunk} beside a decode row at ctx={args.mixed_context}")
         all_ok &= run_mixed(chunk, args, env, do_bench, rows, device)
         write_rows(csv_path, rows)
-        torch.cuda.empty_cache()
+        empty_cache(device)
     write_rows(csv_path, rows)  # the file exists even when every config was skipped
     return rows, all_ok
 

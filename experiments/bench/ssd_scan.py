@@ -2,18 +2,27 @@
 
 For each shape and prefill length it times, in one run and interleaved round by round:
 
-* ``none``       one scan, no capture
+* ``none``       one scan, no capture (the public call: checks, chunk table built and uploaded)
 * ``capture1``   one scan that also emits the state at the prompt-tail split point
 * ``capture4``   one scan emitting 4 states (3 block-aligned interior offsets + the tail)
 * ``two_pass``   the fallback: scan [0, o), then scan [o, T) from the state it returned
-* ``mamba_ssm``  ``mamba_chunk_scan_combined`` as a peer (CUDA, when importable)
+* ``none_kernel``, ``capture1_kernel``, ``capture4_kernel`` (Triton only): the same scans with the
+  plan (`plan_ssd_scan`: chunk table, uploaded once) built before timing, as the model's step holds
+  it: the launches alone, no table build, no upload, no host sync. Their overhead column is
+  against ``none_kernel``.
+* peers (``experiments.bench.peers``, fetched by ``bash scripts/fetch_peers.sh``; Triton only):
+  ``mamba_ssm`` (``mamba_chunk_scan_combined``) and ``fla`` (``chunk_simple_gla`` on B/C expanded
+  per head, prepared outside the timing), each checked against the oracle first; ``peer_over_ours``
+  is a peer's time over ``none_kernel``'s (above 1: ours is faster)
 * ``sequential`` the token-by-token oracle (CPU, at a short length: it is slow by design)
 
 On CUDA the Triton ``ssd_scan`` is timed with ``triton.testing.do_bench`` medians (bf16 inputs);
 on a CPU the ``torch`` backend's ``ssd_scan_chunked`` is timed with ``time.perf_counter`` medians
-(fp32 inputs). GB/s is against the bytes the scan must move at least (the ``bytes_model`` column):
+(fp32 inputs); ``--impl triton`` on a CPU runs the Triton scan through the interpreter
+(TRITON_INTERPRET=1: slow, tiny shapes only; the GPU script's ``--dry-run``). GB/s is against the bytes the scan must move at least (the ``bytes_model`` column):
 x and y, dt, B and C once each in the input dtype, plus the fp32 states read (initial) and written
-(final and captured). Correctness is checked before anything is reported: the timed path against
+(final and captured); ``pct_copy_bw`` is GB/s over the copy ceiling of ``--ceilings`` (a
+``python -m experiments.bench.ceilings`` JSON). Correctness is checked before anything is reported: the timed path against
 the oracle on a short prefix, and the in-pass capture against the two-pass state at full length.
 
 The mixer shapes are the model presets' (``model.config.PRESETS``: heads, head dim, state, groups).
@@ -36,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.bench.ratios import add_peer_ratios, load_ceilings, pct_of
 from experiments.common.results_io import environment, log, read_csv, write_csv
 from kernels.reference.ssd import ssd_scan_sequential
 from kernels.testing import assert_close
@@ -136,27 +146,30 @@ def time_cpu(fn) -> float:
 
 
 def scan_under_test(args) -> tuple:
-    """(cuda, device, dtype, scan, impl): the Triton scan in bf16 on CUDA, else the CPU path in fp32."""
+    """(cuda, device, dtype, scan, impl): the Triton scan (bf16 on CUDA, fp32 through the interpreter
+    on a CPU), else the CPU path in fp32."""
     cuda = args.device.startswith("cuda")
-    if cuda:
+    if args.impl == "triton":
         from kernels.ssd_scan import ssd_scan
 
-        return True, args.device, torch.bfloat16, ssd_scan, "triton"
+        return cuda, args.device, torch.bfloat16 if cuda else torch.float32, ssd_scan, "triton"
     return False, "cpu", torch.float32, ssd_scan_chunked, "torch-chunked"
 
 
-def mamba_ssm_peer():
-    """`mamba_chunk_scan_combined`, or None where mamba_ssm does not import."""
-    try:
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except ImportError:
-        log("mamba_ssm not importable: no peer row")
-        return None
-    return mamba_chunk_scan_combined
+def kernel_only(inp: dict, offsets, chunk: int):
+    """The Triton scan with its plan built and uploaded once, here: each call is the launches alone."""
+    from kernels.contracts.packed import IntTables
+    from kernels.ssd_scan import plan_ssd_scan, ssd_scan
+
+    T = inp["x"].shape[0]
+    tables = IntTables()
+    plan = plan_ssd_scan([T], offsets, chunk, tables)
+    tables.upload(inp["x"].device)
+    return lambda: ssd_scan(**inp, capture_offsets=offsets, chunk_size=chunk, plan=plan)
 
 
-def variants_at(scan, peer, inp: dict, T: int, chunk: int) -> dict:
-    """name -> (captures, call) for one prefill length."""
+def variants_at(scan, inp: dict, T: int, chunk: int, impl: str) -> dict:
+    """name -> (captures, call) for one prefill length (peers are added by `peer_variants`)."""
     o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
     variants = {
         "none": (0, lambda: scan(**inp, chunk_size=chunk)),
@@ -164,12 +177,10 @@ def variants_at(scan, peer, inp: dict, T: int, chunk: int) -> dict:
         "capture4": (4, lambda: scan(**inp, capture_offsets=[o4], chunk_size=chunk)),
         "two_pass": (1, lambda: two_pass(scan, inp, o1[0], chunk_size=chunk)),
     }
-    if peer is not None:
-        def run_peer():
-            return peer(inp["x"][None], inp["dt"][None], inp["A"], inp["B"][None], inp["C"][None], chunk,
-                        D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True,
-                        initial_states=inp["initial_states"], return_final_states=True)
-        variants["mamba_ssm"] = (0, run_peer)
+    if impl == "triton":
+        variants.update(none_kernel=(0, kernel_only(inp, None, chunk)),
+                        capture1_kernel=(1, kernel_only(inp, [o1], chunk)),
+                        capture4_kernel=(4, kernel_only(inp, [o4], chunk)))
     return variants
 
 
@@ -191,39 +202,103 @@ def time_variants(variants: dict, cuda: bool, args) -> dict[str, list[float]]:
     return wall
 
 
-def bench_length(scan, peer, shape_name: str, T: int, chunk: int, dtype, device, es: int, cuda: bool, base: dict,
-                 args) -> list[dict]:
-    """Gate the in-pass capture against two passes at full length, then time every variant."""
-    shape = shape_of(shape_name)
-    inp = make_inputs(T, shape, dtype, device)
-    variants = variants_at(scan, peer, inp, T, chunk)
-    o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
-    # full-length gate: the in-pass capture equals the two-pass boundary state
+PEERS = ("mamba_ssm", "fla")
+
+
+def load_peers(cuda: bool) -> dict:
+    """name -> (make(inp, chunk) -> call, or None; note): the fetched peers (experiments.bench.peers)."""
+    from experiments.bench import peers
+
+    ver = peers.versions()
+    mamba, why_m = peers.load_mamba_ssd()
+    fla, why_f = peers.load_fla_simple_gla()
+    out = {"mamba_ssm": ((lambda inp, chunk: peers.mamba_call(mamba, inp, chunk)) if mamba else None,
+                         why_m or f"mamba_chunk_scan_combined ({ver.get('mamba-ssm', '?')})")}
+    if fla is not None and not cuda:
+        fla, why_f = None, "fla: its kernels do not run under the Triton interpreter (chunk_h.py: .to on a program id)"
+    out["fla"] = ((lambda inp, chunk: peers.fla_call(fla, inp, peers.fla_inputs(inp))) if fla else None,
+                  why_f or f"chunk_simple_gla on B/C expanded per head, prepared untimed ({ver.get('fla-core', '?')})")
+    return out
+
+
+def gate_peers(loaded: dict, shape: Shape, dtype, device, chunk: int) -> dict:
+    """Each loadable peer checked against the oracle at T=300 before any timing; a failing one
+    keeps only its note (the bench reports no time for it)."""
+    from experiments.bench.peers import check_against_oracle
+
+    inp = make_inputs(300, shape, dtype, device, seed=3)
+    gated = {}
+    for name, (make, note) in loaded.items():
+        if make is None:
+            gated[name] = (None, note)
+            continue
+        try:
+            ok, err = check_against_oracle(make(inp, chunk), inp, dtype)
+        except Exception as exc:  # noqa: BLE001  (a peer that cannot run this shape is recorded, not fatal)
+            gated[name] = (None, f"failed: {type(exc).__name__}: {exc}"[:200])
+            log(f"  peer {name}: {gated[name][1]}")
+            continue
+        log(f"  peer {name}: {'matches' if ok else 'WRONG vs'} the oracle ({err})")
+        gated[name] = (make, f"{note}; {err}") if ok else (None, f"WRONG vs the oracle ({err}): not reported")
+    return gated
+
+
+def shimmed(call):
+    """`call` under the interpreter's shims (no-ops on a GPU)."""
+    from experiments.bench.peers import interpreter_shims
+
+    def run():
+        with interpreter_shims():
+            return call()
+
+    return run
+
+
+def gate_capture(variants: dict, T: int, dtype) -> None:
+    """Full-length gate: the in-pass capture equals the two-pass boundary state."""
     c1 = variants["capture1"][1]()
     a, b = variants["two_pass"][1]()
     assert_close(c1.captured_states[0], a.final_states[0], dtype, f"T={T}: in-pass capture vs two-pass")
     assert_close(c1.final_states, b.final_states, dtype, f"T={T}: final state, in-pass vs two-pass")
-    del c1, a, b
 
+
+def overhead_base(name: str, wall: dict) -> str:
+    """The variant a row's overhead is against: none_kernel for the kernel-only and peer rows (where timed)."""
+    kernel_row = name.endswith("_kernel") or name in PEERS
+    return "none_kernel" if kernel_row and "none_kernel" in wall else "none"
+
+
+def bench_length(scan, gated: dict, shape_name: str, T: int, chunk: int, dtype, device, es: int, cuda: bool,
+                 base: dict, args) -> list[dict]:
+    """Gate the in-pass capture against two passes at full length, then time every variant and peer."""
+    shape = shape_of(shape_name)
+    inp = make_inputs(T, shape, dtype, device)
+    variants = variants_at(scan, inp, T, chunk, base["impl"])
+    gate_capture(variants, T, dtype)
+    variants.update({name: (0, shimmed(make(inp, chunk))) for name, (make, _) in gated.items() if make is not None})
     wall = time_variants(variants, cuda, args)
-    ref_ms = statistics.median(wall["none"])
-    ref_min = min(wall["none"])
+    o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
+    common = dict(shape=shape_name, H=shape.H, P=shape.P, N=shape.N, G=shape.G, T=T)
     rows = []
     for name, (k, _) in variants.items():
-        ms = statistics.median(wall[name])
-        ms_min = min(wall[name])
-        nbytes = bytes_moved(T, shape, es, k)
-        rows.append(dict(base, loadavg_1m=round(os.getloadavg()[0], 2),
-                         impl="mamba_ssm" if name == "mamba_ssm" else base["impl"], shape=shape_name,
-                         H=shape.H, P=shape.P, N=shape.N, G=shape.G, T=T, variant=name, captures=k,
+        ms, ms_min = statistics.median(wall[name]), min(wall[name])
+        ref = overhead_base(name, wall)
+        ref_ms, ref_min = statistics.median(wall[ref]), min(wall[ref])
+        nbytes = bytes_moved(T, shape, es, k)  # the problem's bytes, for peers too
+        rows.append(dict(base, loadavg_1m=round(os.getloadavg()[0], 2), impl=name if name in PEERS else base["impl"],
+                         **common, variant=name, captures=k,
                          offsets=" ".join(map(str, {0: [], 1: o1, 4: o4}[k])) if name != "two_pass" else str(o1[0]),
                          median_ms=round(ms, 4), min_ms=round(ms_min, 4), repeats=len(wall[name]),
-                         bytes=nbytes, gbps=round(nbytes / ms / 1e6, 3),
+                         bytes=nbytes, gbps=round(nbytes / ms / 1e6, 3), pct_copy_bw=pct_of(nbytes / ms / 1e6, args.copy_gbps),
                          overhead_vs_none_pct=round(100 * (ms / ref_ms - 1), 2),
-                         min_overhead_vs_none_pct=round(100 * (ms_min / ref_min - 1), 2)))
-        log(f"  {shape_name} T={T:>6} {name:<10} median {ms:9.2f} ms {100 * (ms / ref_ms - 1):+6.2f}%  "
-            f"min {ms_min:9.2f} ms {100 * (ms_min / ref_min - 1):+6.2f}%  {nbytes / ms / 1e6:7.2f} GB/s")
-    return rows
+                         min_overhead_vs_none_pct=round(100 * (ms_min / ref_min - 1), 2), overhead_vs=ref,
+                         note=gated.get(name, (None, ""))[1]))
+        log(f"  {shape_name} T={T:>6} {name:<16} median {ms:9.2f} ms {100 * (ms / ref_ms - 1):+6.2f}% vs {ref:<11} "
+            f"min {ms_min:9.2f} ms  {nbytes / ms / 1e6:7.2f} GB/s")
+    rows += [dict(base, impl=name, **common, variant=name, captures=0, overhead_vs_none_pct="",
+                  min_overhead_vs_none_pct="", note=note) for name, (make, note) in gated.items() if make is None]
+    return add_peer_ratios(rows, ("shape", "T"), "none_kernel" if base["impl"] == "triton" else "none",
+                           impl="variant", ms="median_ms", peers=PEERS)
 
 
 def bench_sequential(scan, shape_name: str, chunk: int, dtype, device, es: int, base: dict, args) -> list[dict]:
@@ -253,7 +328,7 @@ def run(args) -> list[dict]:
     env = environment(device)
     device_name = env["device_name"] if cuda else f"{env['device_name']}, {env['torch_threads']} threads"
     chunk = args.chunk_size or (256 if cuda else 128)
-    peer = mamba_ssm_peer() if cuda else None
+    peers = load_peers(cuda) if impl == "triton" and not args.no_peers else {}
     # the CSV's column order, as in earlier runs: environment, config, then loadavg_1m and impl (set per row)
     base = dict(device=device_name, torch=env["torch"], triton=env["triton"], dtype=str(dtype).split(".")[-1],
                 chunk_size=chunk, bytes_model=BYTES_MODEL, loadavg_1m=None, impl=impl)
@@ -261,8 +336,9 @@ def run(args) -> list[dict]:
     for shape_name in args.model:
         check_correctness(scan, shape_of(shape_name), dtype, device, chunk)
         log(f"{shape_name}: correctness gate passed ({impl}, {dtype})")
+        gated = gate_peers(peers, shape_of(shape_name), dtype, device, chunk)
         for T in args.tokens:
-            rows += bench_length(scan, peer, shape_name, T, chunk, dtype, device, es, cuda, base, args)
+            rows += bench_length(scan, gated, shape_name, T, chunk, dtype, device, es, cuda, base, args)
         if not cuda and args.sequential_tokens:
             rows += bench_sequential(scan, shape_name, chunk, dtype, device, es, base, args)
     return rows
@@ -352,6 +428,12 @@ def parser():
                    help="CPU: length of the chunked-vs-sequential comparison (0 skips it)")
     p.add_argument("--device", type=device_name, default=None,
                    help="cuda (the Triton scan, bf16) or cpu (the torch path, fp32); absent: cuda if present")
+    p.add_argument("--impl", choices=("triton", "torch"), default=None,
+                   help="the scan timed (absent: triton on CUDA, torch on a CPU; triton on a CPU needs "
+                        "TRITON_INTERPRET=1)")
+    p.add_argument("--no-peers", action="store_true", help="time no peer (mamba_ssm, fla)")
+    p.add_argument("--ceilings", type=Path, default=None,
+                   help="a ceilings.json (python -m experiments.bench.ceilings) for the pct_copy_bw column")
     add_out_flags(p, RECORD)
     add_replot_flag(p)
     return p
@@ -362,7 +444,14 @@ def check_args(p, args) -> None:
     cuda = args.device.startswith("cuda")
     if args.model is None:
         args.model = ["bamba-9b", "nemotron-h-8b"] if cuda else ["small"]
-    if cuda and args.chunk_size is not None and (args.chunk_size < 16 or args.chunk_size & (args.chunk_size - 1)):
+    args.impl = args.impl or ("triton" if cuda else "torch")
+    if cuda and args.impl == "torch":
+        p.error("argument --impl: torch is the CPU path; on CUDA the bench times the Triton scan")
+    if not cuda and args.impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        p.error("argument --impl: triton on a CPU runs only through the interpreter (set TRITON_INTERPRET=1)")
+    ceilings = load_ceilings(args.ceilings)
+    args.copy_gbps = ceilings["copy_gbps"] if ceilings else None
+    if args.impl == "triton" and args.chunk_size is not None and (args.chunk_size < 16 or args.chunk_size & (args.chunk_size - 1)):
         p.error(f"argument --chunk-size: the Triton scan needs a power of 2 >= 16, got {args.chunk_size}")
 
 
