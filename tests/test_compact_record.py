@@ -142,3 +142,18 @@ def test_merging_the_committed_parts_rewrites_the_same_bytes(committed):
     assert main(["--merge", "--out", str(committed), "--no-plots"]) == 0
     assert {f: (committed / f).read_bytes() for f in before} == before
     assert not (committed / "ttft.json").exists()
+
+
+def test_the_committed_peer_vllm_result_redraws_its_report(tmp_path):
+    """peer_vllm.json.gz (per-request records inside) -> figure and README, the README as committed."""
+    from experiments.peer_vllm.study import main
+
+    record = REPO / "results" / "peer_vllm"
+    if not (record / "peer_vllm.json.gz").is_file():
+        pytest.skip("no committed results/peer_vllm/peer_vllm.json.gz")
+    out = tmp_path / "pv"
+    out.mkdir()
+    shutil.copy(record / "peer_vllm.json.gz", out)
+    assert main(["--replot", "--out", str(out)]) == 0
+    assert (out / "peer_vllm.png").is_file()
+    assert (out / "README.md").read_text() == (record / "README.md").read_text()

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from experiments.common.inputs import read_json
 from experiments.peer_vllm import study as pv
 from experiments.peer_vllm import report as rep
 from model.loading import load_pretrained
@@ -358,7 +359,7 @@ def test_side_by_side_on_tiny_prompts(tmp_path):
                   "2500", "--sharegpt-conversations", "1", "--sharegpt-max-prompt", "1000", "--scenarios", scenarios,
                   "--no-probes", "--gen-tokens", "4", "--checkpoint-dir", str(tmp_path / "ckpt"),
                   "--vllm-python", VLLM_PYTHON])
-    r = json.loads((out / "peer_vllm.json").read_text())
+    r = read_json(out / "peer_vllm.json")  # peer_vllm.json.gz
     assert rc == 0 and r["greedy_tokens_identical"] is True
     v, o, sp = r["systems"]["vllm"], r["systems"]["ours"], r["systems"]["vllm_shared_prefix"]
     block = v["configs"]["default"]["resolved"]["block_size"]

@@ -2,7 +2,7 @@
 working tree, and peers' wheels travel beside it, so the committed files stay under 32 MiB.
 
 Per-request data in `results/` is committed gzip'd (`experiments.common.compact`); on 2026-12-04 the
-conversion took the tracked tree from 55.7 MiB to 26.5 MiB. Sizes are those of the files in the
+conversion took the tracked tree from 55.7 MiB to 24.3 MiB. Sizes are those of the files in the
 working tree that `git ls-files` lists (what a lease's copy carries); outside a git checkout (an
 sdist, a copied folder) there is nothing to measure and the tests skip.
 """
@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TREE_LIMIT = 32 * 2**20  # the issue's ceiling: half the lease's 64 MiB
-FILE_LIMIT = 2**20  # one record file; the largest plain ones are ~0.67 MB (a peer_vllm.json), a per-request
+FILE_LIMIT = 2**20  # one record file; the largest plain ones are ~0.57 MB (mutation/report.json), a per-request
                     # file written plain is 1.5-2.8 MB (the old ttft.json, traces.csv, sweep parts)
 
 

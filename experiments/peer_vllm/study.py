@@ -25,7 +25,8 @@ captured in the same launch, the last computed token's state kept at finish); vL
 configuration of `--vllm-configs` (`VLLM_CONFIGS`), each its own process, all started before the
 first measurement; the goals are ours against `shared_prefix` (`report.goals`). Then `probes`: the
 settings the workarounds avoid, each run once so that its failure (or success) is data. Our
-engine's settings as it ran are recorded per policy (`effective_settings`). Writes peer_vllm.json,
+engine's settings as it ran are recorded per policy (`effective_settings`). Writes peer_vllm.json.gz
+(gzip'd: three quarters of it are the per-request records, `experiments.common.compact`),
 peer_vllm.png and README.md (`experiments.peer_vllm.report`) into a new runs/peer_vllm/<timestamp>/
 (`--publish`: the committed results/peer_vllm/; `--replot` redraws figure and report from the JSON
 in `--out`).
@@ -47,6 +48,7 @@ from typing import Iterable
 
 import torch
 
+from experiments.common import compact
 from experiments.peer_vllm import report as peer_vllm_report
 from experiments.common.flags import add_model_flags, add_replot_flag, int_in_range, name_list, new_parser
 from experiments.common.inputs import InputError, fail_on_input_error, read_json
@@ -65,6 +67,7 @@ from planner.policies.registry import POLICIES
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 RECORD = "peer_vllm"
+RESULT = "peer_vllm.json.gz"  # 0.66 MB plain, 0.07 MB gzip'd; a reader asked for peer_vllm.json takes either form
 DEFAULT_VLLM_VENV_PYTHON = Path("/work/venv-vllm/bin/python")
 SCENARIOS = ("warm_restore", "random_lengths", "mooncake", "sharegpt")
 TOP_LOGPROBS = 5
@@ -543,7 +546,8 @@ def measure(args, workdir: Path) -> dict:
 
 
 def read_result(path: Path) -> dict:
-    """A peer_vllm.json, checked: an InputError naming the file when it is missing, cut or another JSON."""
+    """A peer_vllm.json (or its .gz), checked: an InputError naming the file when it is missing, cut or another JSON."""
+    path = compact.locate(path)
     result = read_json(path, ("config", "systems", "agreement", "goals"), what="a peer_vllm result")
     if not isinstance(result["systems"], dict):
         raise InputError(f"{path}: not a peer_vllm result ('systems' is not an object)")
@@ -584,14 +588,14 @@ def main(argv=None) -> int:
     check_args(ap, args)
     if args.replot:
         resolve_out(ap, args, reading="--replot")
-        path = args.out / "peer_vllm.json"
+        path = compact.locate(args.out / "peer_vllm.json")  # the .gz, or a plain one of an older run
         report_written(write_report(read_result(path), args.out, path))
         return 0
     resolve_out(ap, args)
     with tempfile.TemporaryDirectory(prefix="peer_vllm_") as tmp:
         raw = measure(args, Path(tmp))
     result = peer_vllm_report.shape(raw)
-    path = write_json(args.out / "peer_vllm.json", result)
+    path = write_json(args.out / RESULT, result)
     written = [path, *write_report(result, args.out, path)]
     if not writes_record(args.out):
         beside_record(headline(result), RECORD)
