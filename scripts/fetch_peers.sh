@@ -4,8 +4,10 @@
 #   mamba_ssm 2.3.2.post1 (no wheel: its sdist, of which only mamba_ssm/ops/triton and utils are kept;
 #     the package __init__ imports a CUDA extension, so experiments/bench/peers.py loads the Triton
 #     modules under a stand-in package and never runs that __init__)
-# vLLM's Triton unified attention is not fetched: its wheel is ~400 MB and the kernel file imports
-# vllm.platforms / vllm.logger, so it does not fit the 64 MiB that travels to the GPU machine.
+# vLLM's Triton unified attention is not fetched: the kernel file (vllm 0.33.0:
+# vllm/v1/attention/ops/triton_unified_attention.py, 46 KB) comes only in the 336 MB wheel, and it
+# imports vllm.envs, vllm.logger, vllm.platforms.current_platform, vllm.triton_utils and
+# vllm.v1.kv_cache_interface: it needs stand-ins for those before it can be loaded by path.
 #
 #   bash scripts/fetch_peers.sh            # -> peers/fla/fla/..., peers/mamba_ssm/mamba_ssm/..., peers/VERSIONS
 #   PEERS_DIR=/elsewhere bash scripts/fetch_peers.sh

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def sleeper(seconds: float) -> gc.Step:
-    argv = lambda r: [sys.executable, "-c", f"import time; print('started', flush=True); time.sleep({seconds})"]  # noqa: E731
+    def argv(run):
+        return [sys.executable, "-c", f"import time; print('started', flush=True); time.sleep({seconds})"]
+
     return gc.Step("sleeper", budget_s=2, min_s=1, argv=argv, dry_argv=argv)
 
 

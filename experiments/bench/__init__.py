@@ -5,6 +5,13 @@ before reporting, and writes a CSV plus a PNG drawn from it through `experiments
     python -m experiments.bench.paged_attention   # paged attention decode GB/s and prefill TFLOP/s (CUDA)
     python -m experiments.bench.decode_step       # one whole-model decode step: CUDA graph vs eager (CUDA)
     python -m experiments.bench.model_prefill     # torch-backend prefill vs transformers, per model family
+    python -m experiments.bench.ceilings          # the device's copy GB/s and GEMM TFLOP/s (the floors' rates)
+    python -m experiments.bench.gpu_check         # the GPU session's one command (scripts/gpu_check.sh)
+
+Peers (mamba_ssm's and fla's Triton SSD) load from the git-ignored peers/ that
+`bash scripts/fetch_peers.sh` fills (`experiments.bench.peers`); `timing` gives every bench one
+do_bench-shaped timer (CUDA events on a GPU, perf_counter on a CPU dry run); `ratios` the
+peer-over-ours and share-of-ceiling columns.
 
 Every one writes into a new `runs/<bench>/<timestamp>/` unless `--out FOLDER` or `--publish` (the
 committed `results/<bench>/`) is given; shapes come from the model presets (`--model`).

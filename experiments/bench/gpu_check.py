@@ -87,8 +87,9 @@ def pytest_flags(dry: bool, have=importlib.util.find_spec) -> list[str]:
     if dry:
         return ["--collect-only"]
     flags = ["-n", "8"] if have("xdist") else []
-    flags += [f"--timeout={TEST_TIMEOUT_S}"] if have("pytest_timeout") else [f"-o", f"faulthandler_timeout={TEST_TIMEOUT_S}"]
-    return flags
+    if have("pytest_timeout"):
+        return flags + [f"--timeout={TEST_TIMEOUT_S}"]
+    return flags + ["-o", f"faulthandler_timeout={TEST_TIMEOUT_S}"]
 
 
 STEPS = (
@@ -98,15 +99,15 @@ STEPS = (
                        "--rep", "20", "--out", str(r.folder("ceilings")))),
     Step("paged", 130, 40,
          lambda r: _py("experiments.bench.paged_attention", "--out", str(r.folder("paged")), *r.ceilings_flag(),
-                       "--batches", "1,16,64", "--contexts", "4096,32768,131072", "--prefixes", "0,16384,32768",
-                       "--mixed-chunks", "512,8192"),
+                       "--batches", "1,16,64", "--contexts", "4096,131072", "--prefixes", "0,32768",
+                       "--mixed-chunks", "512,8192"),  # 9 configs (B=64 at 128K is over --max-kv-gib)
          lambda r: _py("experiments.bench.paged_attention", "--out", str(r.folder("paged")), *r.ceilings_flag(),
                        "--device", "cpu", "--model", "tiny", "--dtype", "float32", "--batches", "1", "--contexts", "40",
                        "--prefixes", "0", "--prefill-queries", "24", "--mixed-chunks", "", "--warmup", "1",
                        "--rep", "1")),
-    Step("ssd", 70, 25,
+    Step("ssd", 90, 25,
          lambda r: _py("experiments.bench.ssd_scan", "--out", str(r.folder("ssd")), *r.ceilings_flag(),
-                       "--tokens", "8192,32768"),
+                       "--tokens", "8192,32768", "--warmup-ms", "25", "--rep-ms", "100"),
          lambda r: _py("experiments.bench.ssd_scan", "--out", str(r.folder("ssd")), *r.ceilings_flag(),
                        "--device", "cpu", "--impl", "torch", "--model", "tiny", "--tokens", "97", "--repeats", "1",
                        "--sequential-tokens", "0")),

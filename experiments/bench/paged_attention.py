@@ -512,7 +512,8 @@ def _main(argv=None) -> int:
         log("experiments.bench.paged_attention: no CUDA device on this machine; nothing measured, nothing written.")
         return 0
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        parser().error("argument --device: cpu runs the Triton kernel only through the interpreter (TRITON_INTERPRET=1)")
+        parser().error("argument --device: cpu runs the Triton kernel only through the interpreter "
+                       "(TRITON_INTERPRET=1)")
     args.given_ceilings = ceilings
     resolve_out(parser(), args)
     rows, all_ok = sweep(args)

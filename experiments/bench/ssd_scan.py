@@ -19,10 +19,12 @@ For each shape and prefill length it times, in one run and interleaved round by 
 On CUDA the Triton ``ssd_scan`` is timed with ``triton.testing.do_bench`` medians (bf16 inputs);
 on a CPU the ``torch`` backend's ``ssd_scan_chunked`` is timed with ``time.perf_counter`` medians
 (fp32 inputs); ``--impl triton`` on a CPU runs the Triton scan through the interpreter
-(TRITON_INTERPRET=1: slow, tiny shapes only; the GPU script's ``--dry-run``). GB/s is against the bytes the scan must move at least (the ``bytes_model`` column):
+(TRITON_INTERPRET=1: slow, tiny shapes only; the GPU script's ``--dry-run``). GB/s is against the
+bytes the scan must move at least (the ``bytes_model`` column):
 x and y, dt, B and C once each in the input dtype, plus the fp32 states read (initial) and written
 (final and captured); ``pct_copy_bw`` is GB/s over the copy ceiling of ``--ceilings`` (a
-``python -m experiments.bench.ceilings`` JSON). Correctness is checked before anything is reported: the timed path against
+``python -m experiments.bench.ceilings`` JSON). Correctness is checked before anything is reported:
+the timed path against
 the oracle on a short prefix, and the in-pass capture against the two-pass state at full length.
 
 The mixer shapes are the model presets' (``model.config.PRESETS``: heads, head dim, state, groups).
@@ -289,7 +291,8 @@ def bench_length(scan, gated: dict, shape_name: str, T: int, chunk: int, dtype, 
                          **common, variant=name, captures=k,
                          offsets=" ".join(map(str, {0: [], 1: o1, 4: o4}[k])) if name != "two_pass" else str(o1[0]),
                          median_ms=round(ms, 4), min_ms=round(ms_min, 4), repeats=len(wall[name]),
-                         bytes=nbytes, gbps=round(nbytes / ms / 1e6, 3), pct_copy_bw=pct_of(nbytes / ms / 1e6, args.copy_gbps),
+                         bytes=nbytes, gbps=round(nbytes / ms / 1e6, 3),
+                         pct_copy_bw=pct_of(nbytes / ms / 1e6, args.copy_gbps),
                          overhead_vs_none_pct=round(100 * (ms / ref_ms - 1), 2),
                          min_overhead_vs_none_pct=round(100 * (ms_min / ref_min - 1), 2), overhead_vs=ref,
                          note=gated.get(name, (None, ""))[1]))
@@ -451,7 +454,8 @@ def check_args(p, args) -> None:
         p.error("argument --impl: triton on a CPU runs only through the interpreter (set TRITON_INTERPRET=1)")
     ceilings = load_ceilings(args.ceilings)
     args.copy_gbps = ceilings["copy_gbps"] if ceilings else None
-    if args.impl == "triton" and args.chunk_size is not None and (args.chunk_size < 16 or args.chunk_size & (args.chunk_size - 1)):
+    chunk = args.chunk_size
+    if args.impl == "triton" and chunk is not None and (chunk < 16 or chunk & (chunk - 1)):
         p.error(f"argument --chunk-size: the Triton scan needs a power of 2 >= 16, got {args.chunk_size}")
 
 
