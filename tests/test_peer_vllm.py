@@ -375,3 +375,27 @@ def test_side_by_side_on_tiny_prompts(tmp_path):
         assert all(not s["scenarios"][scenario]["errors"] for s in (o, v, sp)), scenario
         assert o["scenarios"][scenario]["n"] == sp["scenarios"][scenario]["n"] >= 2
     assert (out / "README.md").exists() and (out / "peer_vllm.png").exists()
+
+
+def test_cpu_time_warm_floor_and_machine_are_reported():
+    """Issue 35: each request's process CPU time (median per system), our warm floor (one decode
+    step from the continuation: (wall - first token) / (tokens - 1)), and the machine line."""
+    raw = _raw()
+    for system, pairs in raw["raw"]["warm_restore"]["pairs"].items():
+        for k, p in enumerate(pairs):
+            p["cold"]["cpu_s"], p["warm"]["cpu_s"] = 0.5 + k, 0.01 * (k + 1)  # medians 1.0 and 0.015
+    raw["raw"]["warm_restore"]["continuation"]["ours"] |= {"tokens": [1, 2, 3, 4, 5], "wall_s": 0.5, "ttft_s": 0.1}
+    raw["environment"] |= {"machine": {"cpu_model": "AMD EPYC 9B14", "cpu_vendor": "AuthenticAMD", "cores": 2,
+                                       "isa": {"avx2": True, "avx512_bf16": True, "amx_bf16": False},
+                                       "onednn": "3.12.0", "mkl": "2024.2", "torch_cpu_capability": "AVX512"},
+                           "cpu_routes": {"routes": {"fp32_matmul": "onednn"}}}
+    r = rep.shape(raw)
+    o = r["systems"]["ours"]["scenarios"]["warm_restore"]
+    assert (o["cold_cpu_s"], o["warm_cpu_s"], o["decode_step_s"]) == (1.0, 0.015, 0.1)  # (0.5 - 0.1) / 4
+    assert r["systems"]["vllm_shared_prefix"]["scenarios"]["warm_restore"]["decode_step_s"] is None  # no TTFT
+    text = rep.report(r)
+    assert "Machine: AMD EPYC 9B14 (AuthenticAMD), 2 cores; ISA avx2, avx512_bf16; oneDNN 3.12.0" in text
+    assert "`{'fp32_matmul': 'onednn'}`" in text
+    assert "| warm_restore | ours | 1.00 s | 15 ms |" in text
+    assert "one decode step at the warm prompt's context, from the greedy continuation, 100 ms; warm TTFT" in text
+    assert "CPU time" not in rep.report(rep.shape(_raw()))  # records from before: no CPU-time section

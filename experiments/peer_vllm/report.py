@@ -60,6 +60,9 @@ def pair_figures(pairs: list[dict]) -> dict:
     return {"n": len(pairs), "cold_ttft_s": median(c.get("wall_s") for c in cold),
             "warm_ttft_s": median(w.get("wall_s") for w in warm),
             "cold_ttft_s_all": [c.get("wall_s") for c in cold], "warm_ttft_s_all": [w.get("wall_s") for w in warm],
+            # the process's CPU time per request (records from before issue 35 have none)
+            "cold_cpu_s": median(c.get("cpu_s") for c in cold), "warm_cpu_s": median(w.get("cpu_s") for w in warm),
+            "cold_cpu_s_all": [c.get("cpu_s") for c in cold], "warm_cpu_s_all": [w.get("cpu_s") for w in warm],
             "prompt_lens": [w.get("prompt_len") for w in warm],
             "warm_cached_tokens": [w.get("num_cached_tokens") for w in warm],
             "warm_recomputed_tokens": [recomputed(w) for w in warm],
@@ -117,6 +120,13 @@ def flat_records(raw_scenario: dict, system: str, scenario: str) -> list[dict]:
     return recs
 
 
+def decode_step(cont: dict) -> float | None:
+    """The warm floor: one decode step at the warm prompt's context, from the greedy continuation
+    (wall minus its first token, over the tokens after it); None without our TTFT or 2 tokens."""
+    n, wall, ttft = len(cont.get("tokens") or []), cont.get("wall_s"), cont.get("ttft_s")
+    return (wall - ttft) / (n - 1) if n >= 2 and wall is not None and ttft is not None else None
+
+
 # ------------------------------------------------------------------------------------------ shape
 def system_figures(raw: dict, system: str) -> dict:
     out = {}
@@ -128,6 +138,7 @@ def system_figures(raw: dict, system: str) -> dict:
         if scenario == "warm_restore":
             c = data["continuation"][system]
             out[scenario]["continuation_tokens"] = c.get("tokens")
+            out[scenario]["decode_step_s"] = decode_step(c)
         if system == OURS and "ours_state" in data:
             out[scenario]["state_bytes_held_after"] = data["ours_state"]["state_bytes_held"]
     return out
@@ -532,6 +543,43 @@ def _probe_rows(result: dict) -> list[str]:
     return rows
 
 
+def _machine_lines(env: dict) -> list[str]:
+    """The CPU and our CPU routes (`experiments.common.machine`, `kernels.torch_cpu.capability`);
+    none for records written before they were recorded."""
+    m, routes = env.get("machine"), (env.get("cpu_routes") or {}).get("routes")
+    if not m:
+        return []
+    line = (f"Machine: {m.get('cpu_model')} ({m.get('cpu_vendor')}), {m.get('cores')} cores; ISA "
+            f"{', '.join(k for k, v in (m.get('isa') or {}).items() if v) or '-'}; oneDNN {m.get('onednn')}, "
+            f"MKL {m.get('mkl')}, torch CPU capability {m.get('torch_cpu_capability')}.  ")
+    if routes:
+        line += f"\nOur CPU routes (decided at start-up from the capabilities and a probe): `{routes}`.  "
+    return [line]
+
+
+def _cpu_time_section(systems: dict) -> list[str]:
+    """Median CPU time of each system's process per request (on a shared machine the wall time
+    also holds other jobs' turns), and our warm floor: one decode step at the same context."""
+    rows = []
+    for scenario in PAIRED:
+        for n, sc in systems.items():
+            f = sc.get(scenario)
+            if f and f.get("cold_cpu_s") is not None:
+                rows.append(f"| {scenario} | {n} | {_s(f['cold_cpu_s'])} | {_s(f.get('warm_cpu_s'))} |")
+    if not rows:
+        return []
+    floor = (systems.get(OURS, {}).get("warm_restore") or {})
+    step, warm = floor.get("decode_step_s"), floor.get("warm_ttft_s")
+    out = ["## CPU time per request (the process's, median)", "",
+           "Wall time on a machine shared with other jobs also holds their turns on the cores; each system's "
+           "process CPU time (`cpu_s` in the records) does not.", "",
+           "| scenario | system | cold CPU time | warm CPU time |", "|---|---|---|---|", *rows, ""]
+    if step:
+        out += [f"Warm floor (ours): one decode step at the warm prompt's context, from the greedy continuation, "
+                f"{_s(step)}; warm TTFT (median wall) {_s(warm)}, {warm / step:.2f}x the floor.", ""]
+    return out
+
+
 def _header_lines(result: dict) -> list[str]:
     """Title, command, device and versions, machine load, checkpoint, and how requests are served."""
     cfg, env, v = result["config"], result["environment"], result["systems"]["vllm"]
@@ -546,6 +594,7 @@ def _header_lines(result: dict) -> list[str]:
         f"`{(result.get('effective_settings') or {}).get(our_policy(result))}`.  ",
         f"Device: {env['device_name']}; ours: torch {env['torch']}, Python {env['python']}; vLLM {v['version']} "
         f"(torch {v['torch']}); {env['date']}; {result.get('measure_seconds', 0):.0f} s of measurement.  ",
+        *_machine_lines(env),
         f"Load average (1 min) at start {_n((load.get('loadavg_start') or [None])[0], '{:.2f}')}, at end "
         f"{_n((load.get('loadavg_end') or [None])[0], '{:.2f}')} on {load.get('cpu_count')} cores shared with other "
         f"jobs; each system pinned to {cfg['threads']} thread(s) (vLLM: `{v['env']}`).  ",
@@ -643,7 +692,8 @@ def _probe_and_dtype_sections(result: dict) -> list[str]:
 def report(result: dict) -> str:
     """README.md: every table and the settings, from the JSON."""
     systems = series(result)
-    lines = [*_header_lines(result), *_scenario_sections(result, systems), *_agreement_and_goal_sections(result),
+    lines = [*_header_lines(result), *_scenario_sections(result, systems), *_cpu_time_section(systems),
+             *_agreement_and_goal_sections(result),
              *_state_memory_section(result, systems), *_vllm_settings_section(result["systems"]["vllm"]),
              *_probe_and_dtype_sections(result)]
     return "\n".join(lines) + "\n"

@@ -175,7 +175,7 @@ class VllmPeer:
 
     def run(self, requests: list[dict]) -> list[dict]:
         """Each request {"ids", "max_tokens", "logprobs"} alone, in order; per request the
-        worker's record (wall_s, tokens, num_cached_tokens, top_logprobs) or its error."""
+        worker's record (wall_s, cpu_s, tokens, num_cached_tokens, top_logprobs) or its error."""
         if self.proc is None or self.proc.poll() is not None:
             return [{"prompt_len": len(r["ids"]), "error": "worker not running", "log_tail": self.log_tail()}
                     for r in requests]
@@ -226,14 +226,14 @@ class OursPeer:
         for r in requests:
             self.count += 1
             rid = f"r{self.count}"
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             req = serve(self.engine, r["ids"], rid, max_new_tokens=r["max_tokens"])
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             logits = self.engine.prompt_logits.pop(rid).float()
             lp = torch.log_softmax(logits, dim=-1)
             top = torch.topk(lp, r.get("logprobs") or TOP_LOGPROBS)
             m = req.metrics
-            out.append({"wall_s": wall, "ttft_s": m.ttft_s, "tokens": list(req.output_token_ids),
+            out.append({"wall_s": wall, "cpu_s": cpu, "ttft_s": m.ttft_s, "tokens": list(req.output_token_ids),
                         "num_cached_tokens": m.restore_at, "kv_match_tokens": m.kv_match_tokens,
                         "recomputed_tokens": m.replayed_tokens, "prompt_len": len(r["ids"]),
                         "kv_copied_tokens": m.kv_copied_tokens, "snapshot_bytes": m.snapshot_bytes,

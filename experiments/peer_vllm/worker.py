@@ -7,6 +7,8 @@ one `vllm.LLM` from the settings, writes FILE (ok or the error, with vLLM's reso
 settings), then serves jobs: each stdin line names a job JSON ({"requests": [{"ids", "max_tokens",
 "logprobs"}]}); it runs the requests one at a time, writes `<job>.out.json` and prints
 `PEER_DONE <job>`. A line `quit` ends it. Every failure is written as data, never raised away.
+Each request records its wall time and the process's CPU time (`cpu_s`: on a machine shared with
+other jobs the wall time also holds the time the scheduler gave them).
 """
 
 from __future__ import annotations
@@ -56,14 +58,14 @@ def _resolved(llm) -> dict:
 def _run_one(llm, sampling_params_cls, req: dict) -> dict:
     params = sampling_params_cls(temperature=0.0, max_tokens=req["max_tokens"], logprobs=req.get("logprobs") or None,
                                  ignore_eos=True, detokenize=False)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     out = llm.generate([{"prompt_token_ids": req["ids"]}], params, use_tqdm=False)[0]
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     comp = out.outputs[0]
     top = None
     if comp.logprobs:
         top = [[[int(t), float(lp.logprob)] for t, lp in step.items()] for step in comp.logprobs]
-    return {"wall_s": wall, "tokens": list(comp.token_ids), "num_cached_tokens": out.num_cached_tokens,
+    return {"wall_s": wall, "cpu_s": cpu, "tokens": list(comp.token_ids), "num_cached_tokens": out.num_cached_tokens,
             "prompt_len": len(req["ids"]), "top_logprobs": top}
 
 
