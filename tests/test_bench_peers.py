@@ -2,6 +2,9 @@
 loader with and without the fetched folder (bash scripts/fetch_peers.sh), the gate that keeps a
 wrong peer's time out, the kernel-only timing path, and the ratio arithmetic."""
 
+import sys
+import types
+
 import pytest
 import torch
 
@@ -118,3 +121,29 @@ def test_gate_records_a_peer_that_raises():
 
     gated = gate_peers({"broken": (make_broken, "n")}, SHAPE, torch.float32, "cpu", 16)
     assert gated["broken"][0] is None and "no kernel for this shape" in gated["broken"][1]
+
+
+@pytest.mark.skipif(not (peers.peers_dir() / "vllm" / "triton_unified_attention.py").is_file(),
+                    reason="peers/vllm not fetched (bash scripts/fetch_peers.sh)")
+@pytest.mark.parametrize("q_len, seq_len", [(1, 40), (5, 37), (24, 24)])
+def test_vllm_unified_attention_loads_and_matches_our_reference(q_len, seq_len):
+    """vLLM's kernel behind the stand-ins, on our paged layout (GQA 4:2, random block order), through
+    the interpreter: decode, a chunk over a cached prefix, a fresh chunk."""
+    from experiments.bench.paged_attention import make_problem
+    from kernels.reference.paged_attention import paged_attention_ref
+
+    fn, why = peers.load_vllm_unified_attention()
+    assert fn is not None, why
+    pb = make_problem(2, q_len, seq_len, 4, 2, 16, 16, torch.float32, "cpu")
+    got = peers.shimmed(peers.vllm_call(fn, *pb.args(), pb.q_len, pb.seq_len))()
+    assert_close(got, paged_attention_ref(*pb.args()), torch.float32, "vllm unified attention")
+
+
+def test_vllm_loader_refuses_to_shadow_an_imported_vllm(tmp_path, monkeypatch):
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "triton_unified_attention.py").write_text("")
+    monkeypatch.setenv("PEERS_DIR", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vllm.v1.attention.ops", raising=False)
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    fn, why = peers.load_vllm_unified_attention()
+    assert fn is None and "already imported" in why

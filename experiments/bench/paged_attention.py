@@ -5,8 +5,9 @@
   (plus queries, outputs and block tables) against that copy bandwidth.
 * Prefill chunk: 8192 queries over a 0..32K cached prefix: TFLOP/s (4 * Hq * D per visible pair).
 * Peers in the same run: torch SDPA on contiguous K/V (flash backend forced where it accepts the
-  call), and FlexAttention over a page table (its own 128-token pages) where
-  `torch.nn.attention.flex_attention` imports.
+  call), FlexAttention over a page table (its own 128-token pages) where
+  `torch.nn.attention.flex_attention` imports, and vLLM's Triton unified attention on the same
+  paged cache where `bash scripts/fetch_peers.sh` fetched it (``vllm_unified``).
 * Mixed batch: one fresh prefill chunk (512 / 8192 queries) beside one decode row at 32K context:
   the default plan (the decode row in its own split-K launch when `choose_launches` says so, note
   e.g. "m128n64w8s1+m16n64w4s32") against the one-launch plan (``num_splits=1``: the decode row
@@ -423,7 +424,25 @@ def run_config(kind, pb, args, env, do_bench, ceilings, rows):
     else:
         rows.append(dict(base, impl="flex_paged", note="unavailable: torch.nn.attention.flex_attention"))
     del k, v
+    vllm_peer(pb, report, base, rows)
     return all_ok
+
+
+def vllm_peer(pb, report, base: dict, rows: list) -> None:
+    """vLLM's Triton unified attention on the same paged cache (peers/vllm, bash scripts/fetch_peers.sh).
+    Checked like the others; a wrong result is not reported, but it does not fail the bench: it is
+    another project's kernel behind stand-ins for its imports (experiments.bench.peers)."""
+    from experiments.bench import peers
+
+    fn, why = peers.load_vllm_unified_attention()
+    if fn is None:
+        rows.append(dict(base, impl="vllm_unified", note=f"unavailable: {why}"[:200]))
+        return
+    try:
+        call = peers.shimmed(peers.vllm_call(fn, *pb.args(), pb.q_len, pb.seq_len))
+        report("vllm_unified", f"unified_attention ({peers.versions().get('vllm', '?')})", call)
+    except Exception as exc:  # noqa: BLE001
+        rows.append(dict(base, impl="vllm_unified", note=f"unavailable: {type(exc).__name__}: {exc}"[:200]))
 
 
 FIELDS = ["device", "torch", "triton", "python", "kind", "impl", "note", "batch", "q_len", "seq_len", "context",
@@ -441,7 +460,7 @@ def plot(csv_path: Path, png_path: Path) -> None:
     fig, (ax_d, ax_p) = plt.subplots(1, 2, figsize=(14, 5))
     batches = sorted({int(r["batch"]) for r in rows if r["kind"] == "decode"})
     batch_ls = dict(zip(batches, ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 1)))))
-    for impl in ("triton_paged", "sdpa_contiguous", "flex_paged"):
+    for impl in ("triton_paged", "sdpa_contiguous", "flex_paged", "vllm_unified"):
         for batch in batches:
             pts = sorted((int(r["context"]), float(r["gbps"])) for r in rows
                          if r["kind"] == "decode" and r["impl"] == impl and int(r["batch"]) == batch)

@@ -5,6 +5,9 @@ fills (./peers, or $PEERS_DIR), with the adapters that feed them our SSD inputs.
   q = C, k = B (each group's rows repeated over its H/G heads), v = x * dt, g = dt * A (natural-log
   decay), scale 1, state [K=N, V=P] per head; y = o + D * x. The expansion and softplus(dt + bias)
   are done once outside the timed call (they cost fla H/G times the B/C bytes, counted in its row).
+* vLLM's Triton `unified_attention` (peers/vllm: the kernel file and its helpers from the 0.33.0
+  wheel) over our paged KV layout (blocks, block size, KV heads, head dim), the same block tables,
+  seq_lens and cu_seqlens_q; it imports a few vllm modules, given here as stand-ins (`_vllm_stand_ins`).
 * mamba_ssm's `mamba_chunk_scan_combined` (peers/mamba_ssm): our layout with a batch axis of 1.
   Its package __init__ imports the CUDA extension (selective_scan_cuda), so a stand-in package
   whose __path__ is the fetched folder is put in sys.modules and only the Triton modules import.
@@ -64,6 +67,15 @@ def interpreter_shims():
         yield
     finally:
         autotuner.Autotuner.prune_configs, torch.cuda.device = prune, cuda_device
+
+
+def shimmed(call):
+    """`call` under `interpreter_shims()` (no-ops on a GPU)."""
+    def run():
+        with interpreter_shims():
+            return call()
+
+    return run
 
 
 def load_mamba_ssd():
@@ -173,3 +185,99 @@ def check_against_oracle(run, inp: dict, dtype) -> tuple[bool, str]:
         ok &= bool(torch.allclose(got, want.float(), **tol))
         errs.append(f"{name} max abs err {(got - want.float()).abs().max().item():.3g}")
     return ok, ", ".join(errs)
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's Triton unified attention
+
+
+def _module(name: str, path: Path | None = None, **attrs) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    if path is not None:
+        mod.__path__ = [str(path)]
+    mod.__dict__.update(attrs)
+    sys.modules[name] = mod
+    return mod
+
+
+class _Logger:
+    """vllm.logger's logger as the kernel file uses it (debug_once, info_once, warning_once)."""
+
+    def __init__(self, name: str):
+        import logging
+
+        self._log = logging.getLogger(name)
+
+    def __getattr__(self, attr):
+        return getattr(self._log, attr.removesuffix("_once"))
+
+
+class _Platform:
+    """vllm.platforms.current_platform, the two calls the kernel file makes."""
+
+    @staticmethod
+    def fp8_dtype():
+        return torch.float8_e4m3fn
+
+    @staticmethod
+    def is_device_capability_family(family: int) -> bool:  # 100: Blackwell's tuned large-head path
+        if not torch.cuda.is_available():
+            return False
+        major, _ = torch.cuda.get_device_capability()
+        return major * 10 == family
+
+
+def _vllm_stand_ins(ops: Path) -> None:
+    """The vllm modules the kernel file imports, as stand-ins; vllm.v1.attention.ops is the fetched folder."""
+    import enum
+
+    import triton
+    import triton.language as tl
+
+    class KVQuantMode(enum.IntEnum):  # vllm/v1/kv_cache_interface.py, the values the kernel compares
+        NONE = 0
+        FP8_PER_TENSOR = 1
+        INT8_PER_TOKEN_HEAD = 2
+        FP8_PER_TOKEN_HEAD = 3
+        INT4_PER_TOKEN_HEAD = 4
+
+    _module("vllm", ops.parent, envs=_module("vllm.envs", VLLM_BATCH_INVARIANT=False, VLLM_TRITON_USE_TD=False))
+    _module("vllm.logger", init_logger=_Logger)
+    _module("vllm.platforms", current_platform=_Platform())
+    _module("vllm.triton_utils", triton=triton, tl=tl)
+    _module("vllm.v1", ops.parent)
+    _module("vllm.v1.kv_cache_interface", KVQuantMode=KVQuantMode)
+    _module("vllm.v1.attention", ops.parent)
+    _module("vllm.v1.attention.ops", ops)
+
+
+def load_vllm_unified_attention():
+    """(unified_attention, '') or (None, why not)."""
+    ops = peers_dir() / "vllm"
+    if not (ops / "triton_unified_attention.py").is_file():
+        return None, f"vllm: not fetched ({ops}; bash scripts/fetch_peers.sh)"
+    if "vllm.v1.attention.ops" not in sys.modules:
+        if "vllm" in sys.modules:
+            return None, "vllm: a vllm package is already imported; the stand-ins would shadow it"
+        _vllm_stand_ins(ops)
+    try:
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+    except Exception as err:  # noqa: BLE001
+        return None, f"vllm: import failed ({type(err).__name__}: {err})"[:200]
+    return unified_attention, ""
+
+
+def vllm_call(fn, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, q_len: int, seq_len: int,
+              scale: float | None = None):
+    """A closure running vLLM's unified attention on our paged problem (causal, bottom-right aligned)."""
+    out = torch.empty_like(query)
+    one = torch.ones(1, dtype=torch.float32, device=query.device)  # fp8 descales: unread for 16-bit KV
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+
+    def run():
+        fn(q=query, k=key_cache, v=value_cache, out=out, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=q_len,
+           seqused_k=seq_lens, max_seqlen_k=seq_len, softmax_scale=scale, causal=True, window_size=(-1, -1),
+           block_table=block_tables, softcap=0, q_descale=one, k_descale=one, v_descale=one)
+        return out
+
+    return run

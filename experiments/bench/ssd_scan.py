@@ -245,17 +245,6 @@ def gate_peers(loaded: dict, shape: Shape, dtype, device, chunk: int) -> dict:
     return gated
 
 
-def shimmed(call):
-    """`call` under the interpreter's shims (no-ops on a GPU)."""
-    from experiments.bench.peers import interpreter_shims
-
-    def run():
-        with interpreter_shims():
-            return call()
-
-    return run
-
-
 def gate_capture(variants: dict, T: int, dtype) -> None:
     """Full-length gate: the in-pass capture equals the two-pass boundary state."""
     c1 = variants["capture1"][1]()
@@ -277,6 +266,8 @@ def bench_length(scan, gated: dict, shape_name: str, T: int, chunk: int, dtype, 
     inp = make_inputs(T, shape, dtype, device)
     variants = variants_at(scan, inp, T, chunk, base["impl"])
     gate_capture(variants, T, dtype)
+    from experiments.bench.peers import shimmed
+
     variants.update({name: (0, shimmed(make(inp, chunk))) for name, (make, _) in gated.items() if make is not None})
     wall = time_variants(variants, cuda, args)
     o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
