@@ -8,7 +8,7 @@ whose least useful time (`min_s`) no longer fits, and gives each step at most it
 left. Steps, in order:
 
   ceilings  a large copy's GB/s and a bf16 GEMM's TFLOP/s (the rates every floor divides by)
-  paged     paged attention: decode GB/s and prefill TFLOP/s, SDPA and FlexAttention beside it
+  paged     paged attention: decode GB/s and prefill TFLOP/s; SDPA, FlexAttention, vLLM's kernel beside it
   ssd       the SSD scan with and without captures, kernel alone and public call, mamba_ssm and fla beside it
   decode    one whole-model decode step at Bamba-9B shapes: CUDA graph vs eager, against its floor
   warm      the warm-restore incident at Bamba-9B shapes (random weights, bf16, Triton)
