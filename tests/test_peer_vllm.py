@@ -399,3 +399,17 @@ def test_cpu_time_warm_floor_and_machine_are_reported():
     assert "| warm_restore | ours | 1.00 s | 15 ms |" in text
     assert "one decode step at the warm prompt's context, from the greedy continuation, 100 ms; warm TTFT" in text
     assert "CPU time" not in rep.report(rep.shape(_raw()))  # records from before: no CPU-time section
+
+
+def test_command_line_names_every_flag_the_run_was_given_and_only_its_scenarios():
+    raw = _raw()
+    for scenario in SLICE_PROMPTS:
+        del raw["raw"][scenario]
+    raw["config"] |= {"scenarios": ["warm_restore", "random_lengths"], "probes": False, "gen_tokens": 4,
+                      "vllm_configs": ["default", "shared_prefix"], "seed": 29, "dtype": "bfloat16"}
+    text = rep.report(rep.shape(raw))
+    assert ("`python -m experiments.peer_vllm --model granite-dense-cpu --dtype bfloat16 --seed 29 --threads 1 "
+            "--our-policy ours-plus --vllm-configs default,shared_prefix --scenarios warm_restore,random_lengths "
+            "--prompt-len 1000 --repeats 2 --gen-tokens 4 --random-count 2 --no-probes`") in text
+    assert "## Random lengths" in text and "## Mooncake" not in text and "## ShareGPT" not in text
+    assert "## Mooncake" in rep.report(rep.shape(_raw()))  # an older record (no scenarios recorded): every table

@@ -543,6 +543,24 @@ def _probe_rows(result: dict) -> list[str]:
     return rows
 
 
+def _command_flags(result: dict) -> str:
+    """The flags the run was given, from its config (records from before a flag was recorded omit it)."""
+    cfg = result["config"]
+    scenarios = cfg.get("scenarios") or [*PAIRED, *SLICES]
+    flags = [("--model", cfg.get("model")), ("--dtype", cfg.get("dtype")), ("--seed", cfg.get("seed")),
+             ("--threads", cfg.get("threads")), ("--our-policy", our_policy(result)),
+             ("--vllm-configs", ",".join(cfg["vllm_configs"]) if cfg.get("vllm_configs") else None),
+             ("--scenarios", ",".join(scenarios) if cfg.get("scenarios") else None),
+             ("--prompt-len", cfg.get("prompt_len")), ("--repeats", cfg.get("repeats")),
+             ("--gen-tokens", cfg.get("gen_tokens")), ("--random-count", cfg.get("random_count"))]
+    if "mooncake" in scenarios:
+        flags.append(("--mooncake-sessions", cfg.get("mooncake_sessions")))
+    if "sharegpt" in scenarios:
+        flags.append(("--sharegpt-conversations", cfg.get("sharegpt_conversations")))
+    text = " ".join(f"{k} {v}" for k, v in flags if v is not None)
+    return text + (" --no-probes" if cfg.get("probes") is False else "")
+
+
 def _machine_lines(env: dict) -> list[str]:
     """The CPU and our CPU routes (`experiments.common.machine`, `kernels.torch_cpu.capability`);
     none for records written before they were recorded."""
@@ -586,10 +604,7 @@ def _header_lines(result: dict) -> list[str]:
     load = result.get("machine_load", {})
     return [
         "# Side by side with vLLM: the same checkpoint, token ids, dtype and threads", "",
-        f"Command: `python -m experiments.peer_vllm --our-policy {our_policy(result)} --prompt-len {cfg['prompt_len']} "
-        f"--repeats {cfg['repeats']} --random-count {cfg['random_count']} "
-        f"--mooncake-sessions {cfg['mooncake_sessions']} "
-        f"--sharegpt-conversations {cfg.get('sharegpt_conversations')}` (vLLM run by `{cfg['vllm_python']}`)  ",
+        f"Command: `python -m experiments.peer_vllm {_command_flags(result)}` (vLLM run by `{cfg['vllm_python']}`)  ",
         f"Ours: policy `{our_policy(result)}`, capture in the pass; as it ran: "
         f"`{(result.get('effective_settings') or {}).get(our_policy(result))}`.  ",
         f"Device: {env['device_name']}; ours: torch {env['torch']}, Python {env['python']}; vLLM {v['version']} "
@@ -619,17 +634,23 @@ def _scenario_sections(result: dict, systems: dict) -> list[str]:
     slice_head = ["| system | requests | TTFT (median) | first-turn TTFT (median) | continuation TTFT (median) | "
                   "cached tokens (sum) | recomputed tokens (sum) | recomputed tokens (mean) | errors |",
                   "|---|---|---|---|---|---|---|---|---|"]
-    return [
-        f"## Warm restore ({cfg['prompt_len']} tokens, {cfg['repeats']} paired repeats, a fresh prompt each)", "",
-        *head, *_scenario_rows(systems, "warm_restore"), "",
-        f"## Random lengths ({cfg['random_count']} seeded lengths in [{cfg['random_min']}, {cfg['random_max']}])", "",
-        *head, *_scenario_rows(systems, "random_lengths"), "",
-        f"## Mooncake conversation slice ({cfg['mooncake_sessions']} sessions, prompts <= {cfg['mooncake_max_prompt']})",
-        "", *slice_head, *_scenario_rows(systems, "mooncake"), "",
-        f"## ShareGPT slice ({cfg.get('sharegpt_conversations')} conversations with >= 2 requests, prompts <= "
-        f"{cfg.get('sharegpt_max_prompt')}; Qwen BPE ids folded into the checkpoint's vocabulary, id % vocab)",
-        "", *slice_head, *_scenario_rows(systems, "sharegpt"), "",
-    ]
+    sections = {
+        "warm_restore": [f"## Warm restore ({cfg['prompt_len']} tokens, {cfg['repeats']} paired repeats, a fresh "
+                         "prompt each)", "", *head],
+        "random_lengths": [f"## Random lengths ({cfg['random_count']} seeded lengths in [{cfg['random_min']}, "
+                           f"{cfg['random_max']}])", "", *head],
+        "mooncake": [f"## Mooncake conversation slice ({cfg['mooncake_sessions']} sessions, prompts <= "
+                     f"{cfg['mooncake_max_prompt']})", "", *slice_head],
+        "sharegpt": [f"## ShareGPT slice ({cfg.get('sharegpt_conversations')} conversations with >= 2 requests, "
+                     f"prompts <= {cfg.get('sharegpt_max_prompt')}; Qwen BPE ids folded into the checkpoint's "
+                     "vocabulary, id % vocab)", "", *slice_head],
+    }
+    out = []
+    for scenario, lines in sections.items():
+        rows = _scenario_rows(systems, scenario)
+        if rows or scenario in (cfg.get("scenarios") or sections):  # a scenario the run was not given: no table
+            out += [*lines, *rows, ""]
+    return out
 
 
 def _agreement_and_goal_sections(result: dict) -> list[str]:
