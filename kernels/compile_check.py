@@ -53,6 +53,7 @@ class CompileResult:
     mma_shapes: str = ""  # the MMA instruction shapes in the PTX, e.g. "m64n64k16" (wgmma) or "m16n8k16"
     num_stages: int = -1
     num_warps: int = -1
+    triton_version: str = ""  # the compiler's: register counts differ between versions (kernels/ssd_configs.py)
     error: str = ""
 
 
@@ -116,7 +117,8 @@ def compile_variant(variant: KernelVariant, cc: int, arch: str) -> CompileResult
                 options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
             )
     except Exception as exc:  # the compiler's message is the useful part
-        return CompileResult(variant.name, arch, ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
+        return CompileResult(variant.name, arch, ok=False, triton_version=triton.__version__,
+                             error=f"{type(exc).__name__}: {exc}"[:2000])
     usage = _resource_usage(compiled.asm["cubin"])
     stores, loads = _spills_from_ptxas_log(log.getvalue())
     ptx = compiled.asm["ptx"]
@@ -133,6 +135,7 @@ def compile_variant(variant: KernelVariant, cc: int, arch: str) -> CompileResult
         mma_shapes=",".join(sorted(set(re.findall(r"(?:wgmma\.mma_async|mma)\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))),
         num_stages=variant.num_stages,
         num_warps=variant.num_warps,
+        triton_version=triton.__version__,
     )
 
 
@@ -153,9 +156,11 @@ def check_all(name_filter: str = "") -> list[CompileResult]:
 
 
 def format_table(results: list[CompileResult]) -> str:
+    import triton
+
     head = (f"{'variant':<56} {'arch':<6} {'regs':>5} {'smem B':>8} {'local B':>8} {'spill st/ld B':>14} "
             f"{'st':>2} {'w':>2} ptx")
-    lines = [head, "-" * len(head)]
+    lines = [f"Triton {triton.__version__}", head, "-" * len(head)]
     for r in results:
         if r.ok:
             feats = ",".join(f for f, on in (("wgmma", r.wgmma), ("mma", r.mma and not r.wgmma),

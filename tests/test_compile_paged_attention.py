@@ -1,4 +1,6 @@
-"""The paged-attention and KV-write kernels compile for sm_90 and sm_80 with no spills.
+"""The paged-attention and KV-write kernels compile for sm_90 and sm_80 with no spills, under the
+current Triton and Triton 3.6 (the GPU machine's; `tests/compile_pythons.py`). One tile rule
+serves both: `choose_config`'s builds spill under neither.
 
 `kernels.compile_check` needs the real Triton JIT, so it runs in a subprocess with TRITON_INTERPRET
 removed from the environment. About 80 s from a cold Triton cache on two cores, seconds warm.
@@ -9,12 +11,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from compile_pythons import PYTHONS, REPO, check_version, usable
+
 FILTERS = ("paged_attention", "kv_cache_write")  # "paged_attention" also matches its merge kernel
 
 SCRIPT = f"""
@@ -26,14 +27,16 @@ print(json.dumps([dataclasses.asdict(r) for r in rows]))
 """
 
 
-@pytest.fixture(scope="module")
-def rows():
+@pytest.fixture(scope="module", params=PYTHONS)
+def rows(request):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([usable(request.param), "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    check_version(request.param, results)
+    return results, proc.stderr
 
 
 def test_every_variant_compiles_for_sm90_and_sm80_without_spills(rows):

@@ -8,12 +8,12 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from compile_pythons import PYTHONS, check_version, usable
 from conftest import DEVICE
 from kernels.checks import set_debug_checks
 from kernels.kv_block_copy import copy_kv_block_prefix
@@ -198,13 +198,15 @@ print(json.dumps([dataclasses.asdict(r) for r in rows]))
 """
 
 
-def test_kernel_compiles_for_sm90_and_sm80_without_spills():
+@pytest.mark.parametrize("python", PYTHONS)  # the current Triton and 3.6, the GPU machine's
+def test_kernel_compiles_for_sm90_and_sm80_without_spills(python):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([usable(python), "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results, table = json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    check_version(python, results)
     by_variant: dict[str, set[str]] = {}
     for r in results:
         assert r["ok"], f"{r['variant']} {r['arch']}: {r['error'][:500]}\n{table}"

@@ -1,34 +1,96 @@
-"""The SSD scan's per-device tile table: which entry a device gets, how entries clamp to small
-shapes, and that the compile check builds the entry each target's launches use."""
+"""The SSD scan's tile tables: which table a Triton version gets and which entry a device gets,
+how entries clamp to small shapes, and that the compile check builds the entry each target's
+launches use."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from kernels import ssd_configs
-from kernels.ssd_configs import DEFAULT, TUNED, device_capability, tile_config, tiles_for
+from kernels.ssd_configs import (DEFAULT, TUNED_BY_TRITON, device_capability, parse_triton_version, running_triton,
+                                 tile_config, tiles_for, tuned_table)
 from kernels.ssd_scan import DEFAULT_CHUNK_SIZE, compile_variants
 
+TRITON36, TRITON39 = (3, 6), (3, 9)
 
-@pytest.mark.parametrize("capability,dtype,want", [
-    ((9, 0), torch.bfloat16, TUNED[((9, 0), torch.bfloat16)]),
-    ((8, 0), torch.float16, TUNED[((8, 0), torch.float16)]),
-    ((8, 9), torch.bfloat16, TUNED[((8, 0), torch.bfloat16)]),  # an sm_89 takes its major's entry
-    ((12, 0), torch.bfloat16, DEFAULT[torch.bfloat16]),  # no entry for the major: the default
-    (None, torch.float32, DEFAULT[torch.float32]),  # the CPU interpreter
+
+@pytest.mark.parametrize("triton_version", [TRITON36, TRITON39], ids=["triton3.6", "triton3.9"])
+@pytest.mark.parametrize("capability,dtype,key", [
+    ((9, 0), torch.bfloat16, (9, 0)),
+    ((8, 0), torch.float16, (8, 0)),
+    ((8, 9), torch.bfloat16, (8, 0)),  # an sm_89 takes its major's entry
+    ((12, 0), torch.bfloat16, None),  # no entry for the major: the default
+    (None, torch.float32, None),  # the CPU interpreter
 ], ids=["sm90", "sm80", "sm89", "sm120", "cpu"])
-def test_entry_per_device(capability, dtype, want):
-    assert tiles_for(capability, dtype) is want
+def test_entry_per_device(capability, dtype, key, triton_version):
+    table = TUNED_BY_TRITON[triton_version]
+    want = DEFAULT[dtype] if key is None else table[(key, dtype)]
+    assert tiles_for(capability, dtype, triton_version) is want
 
 
-def test_sm90_16bit_runs_one_warpgroup_sm80_two():
+@pytest.mark.parametrize("version,table", [
+    ((3, 6), TRITON36), ((3, 7), TRITON36), ((3, 8), TRITON36),  # 3.7, 3.8: never compiled here, the older table
+    ((3, 9), TRITON39), ((3, 10), TRITON39), ((4, 0), TRITON39),
+    ((3, 2), TRITON36),  # older than every table (pyproject's floor): the oldest
+])
+def test_table_per_triton_version(version, table):
+    assert tuned_table(version) is TUNED_BY_TRITON[table]
+
+
+@pytest.mark.parametrize("text,want", [("3.6.0", (3, 6)), ("3.9.0", (3, 9)), ("3.10.0", (3, 10)),
+                                       ("3.10.0+git1a2b3c", (3, 10)), ("4.0.0rc1", (4, 0))])
+def test_triton_version_parses_as_numbers(text, want):
+    """(3, 10) sorts above (3, 9), where "3.10" < "3.9" as text."""
+    assert parse_triton_version(text) == want
+
+
+def test_unreadable_triton_version_is_named():
+    with pytest.raises(ValueError, match=r"^triton.__version__: .*'dev'"):
+        parse_triton_version("dev")
+
+
+def test_running_triton_is_the_imported_one():
+    import triton
+
+    assert running_triton() == tuple(int(x) for x in triton.__version__.split(".")[:2])
+    assert tiles_for((9, 0), torch.bfloat16) is tiles_for((9, 0), torch.bfloat16, running_triton())
+
+
+@pytest.mark.parametrize("triton_version", [TRITON36, TRITON39], ids=["triton3.6", "triton3.9"])
+def test_sm90_16bit_runs_one_warpgroup_sm80_two(triton_version):
     for dtype in (torch.bfloat16, torch.float16):
-        hopper = tile_config(256, 128, 64, 128, dtype, (9, 0))
-        ampere = tile_config(256, 128, 64, 128, dtype, (8, 0))
+        hopper = tile_config(256, 128, 64, 128, dtype, (9, 0), triton_version)
+        ampere = tile_config(256, 128, 64, 128, dtype, (8, 0), triton_version)
         assert (hopper["bmm_warps"], hopper["state_warps"], hopper["scan_warps"]) == (4, 4, 4)
         assert (ampere["bmm_warps"], ampere["state_warps"], ampere["scan_warps"]) == (8, 8, 8)
-    assert tile_config(256, 128, 64, 128, torch.float32, (9, 0))["scan_stages"] == 2
+
+
+@pytest.mark.parametrize("triton_version,sm90_16bit", [(TRITON36, 2), (TRITON39, 3)], ids=["triton3.6", "triton3.9"])
+def test_chunk_scan_stages_per_version(triton_version, sm90_16bit):
+    """The stages the module docstring's register counts pick: sm_90 16-bit at 2 under 3.6 (126
+    registers; 168 at 3) and 3 under 3.9 (128); fp32 at 3 on sm_90 (2 spills under 3.6) and 2 on
+    sm_80 (3 spills under 3.9) under both; every other kernel at 3."""
+    def stages(dtype, cap):
+        cfg = tile_config(256, 128, 64, 128, dtype, cap, triton_version)
+        assert cfg["stages"] == 3
+        return cfg["scan_stages"]
+    assert stages(torch.bfloat16, (9, 0)) == stages(torch.float16, (9, 0)) == sm90_16bit
+    assert stages(torch.float32, (9, 0)) == 3
+    assert stages(torch.float32, (8, 0)) == 2
+    assert stages(torch.bfloat16, (8, 0)) == stages(torch.float16, (8, 0)) == 3
+
+
+def test_tables_differ_only_in_sm90_16bit_chunk_scan_stages():
+    old, new = TUNED_BY_TRITON[TRITON36], TUNED_BY_TRITON[TRITON39]
+    assert old.keys() == new.keys()
+    for key in old:
+        if key[0] == (9, 0) and key[1] != torch.float32:
+            assert dataclasses.replace(old[key], scan_stages=new[key].scan_stages) == new[key], key
+        else:
+            assert old[key] == new[key], key
 
 
 def test_small_shapes_clamp_tiles_and_warps():
