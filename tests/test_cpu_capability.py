@@ -24,15 +24,15 @@ TIE = CpuProbe(fp32_mkl_s=1.0, fp32_onednn_s=1.0, fresh_touch_s=1.0, held_touch_
 
 def test_half_precision_routes_follow_the_instructions_the_cpu_has():
     assert choose_routes(AVX2_LAPTOP, TIE) == CpuRoutes()  # everything as fp32 products / fp32 attention
-    epyc = choose_routes(EPYC_ZEN4, TIE)
-    assert (epyc.bf16_matmul, epyc.bf16_attention, epyc.fp16_matmul) == ("native", "native", "fp32_products")
+    epyc = choose_routes(EPYC_ZEN4, TIE)  # AVX512-BF16 without AMX: bf16 GEMMs, attention upcast
+    assert (epyc.bf16_matmul, epyc.bf16_attention, epyc.fp16_matmul) == ("native", "fp32", "fp32_products")
     spr = choose_routes(SAPPHIRE_RAPIDS, TIE)
     assert (spr.bf16_matmul, spr.bf16_attention, spr.fp16_matmul) == ("native", "native", "native")
     amx_only = dataclasses.replace(AVX2_LAPTOP, amx_bf16=True)
-    assert choose_routes(amx_only, TIE).bf16_matmul == "native"
+    assert (choose_routes(amx_only, TIE).bf16_matmul, choose_routes(amx_only, TIE).bf16_attention) == ("native", "native")
     # the instructions without torch's oneDNN bf16 support: fp32 products
     assert choose_routes(NO_ONEDNN, TIE).bf16_matmul == "fp32_products"
-    assert choose_routes(dataclasses.replace(EPYC_ZEN4, onednn_bf16=False), TIE).bf16_attention == "fp32"
+    assert choose_routes(dataclasses.replace(SAPPHIRE_RAPIDS, onednn_bf16=False), TIE).bf16_attention == "fp32"
 
 
 def test_fp32_route_is_onednn_only_where_measured_faster_by_the_margin():
