@@ -184,16 +184,18 @@ class BlockPool:
 
     def register_content(self, block: KVBlock, parent: BlockHash, content: Sequence[int]) -> None:
         """Make `block` findable by content: its rows [0, len(content)) hold the K/V of `content`,
-        the tokens after the prefix whose chained hash is `parent`. A block only gains rows, so a
-        later call extends what an earlier one registered."""
+        the tokens after the prefix whose chained hash is `parent`.
+
+        A block is registered once per allocation: a full block when it is first published, a partial
+        one when the lease writing it is released (`PrefixCache.register_tail`), and allocation drops
+        the entry. A second registration is a bookkeeping slip (it could leave a block findable under
+        a prefix it no longer holds), so it raises."""
         if not content:
             return
-        content = tuple(content)
         if block.content:
-            if block.parent == parent and block.content[0] == content[0]:
-                block.content = content  # same bucket: only the rows grew
-                return
-            self._unregister_content(block)
+            raise RuntimeError(f"block {block.block_id} is already findable by content; it is registered once "
+                               "between allocations")
+        content = tuple(content)
         block.parent, block.content = parent, content
         self._by_content.setdefault((parent, content[0]), {})[block.block_id] = block
 

@@ -32,6 +32,7 @@ class RequestMetrics:
     finish_s: float | None = None
     kv_match_tokens: int = 0  # cached KV positions adopted at (the last) admission
     kv_copied_tokens: int = 0  # of those, rows copied from another block (a match ending inside a block)
+    copy_fallbacks: int = 0  # admissions that took the block-floored match: the copy's lease did not fit
     restore_at: int = 0  # SSM snapshot position restored at admission (0: cold start)
     restore_transfer_s: float = 0.0  # its transfer from a lower snapshot tier to the device (0: it was there)
     replayed_tokens: int = 0  # prompt tokens run after the restore point

@@ -13,12 +13,22 @@ Memory: blocks are allocated per chunk. A waiting request that cannot get its fi
 blocks waits; a running request that cannot grow preempts the most recently admitted other
 request (its blocks go back to the pool, still findable by hash, and it is re-queued at the
 front to recompute prompt + output so far), or waits if it is itself the newest.
+
+Liveness (the invariant `tests/test_serve_under_pressure.py` fuzzes): every request whose prompt +
+max_new_tokens fit the KV pool alone (`add_request` refuses the others) is served, under every
+placement, eviction, match unit and tier. The oldest running request can always grow (it preempts
+the newer ones), so the running set drains; once it is empty every block is free or cached-free,
+and the queue's head then fits: its block-floored match needs no block beyond its own lease. A
+partial-block copy needs one more (its source, held until the copy has run), so an admission whose
+copy does not fit takes the block-floored match instead (`copy_fallbacks`) rather than wait for a
+block its own copy holds. A copy source held by this tick's admissions comes back at `update`.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any
 
 from kernels.checks import require
 from planner.block_pool import BlockPool, append_block_hashes, extend_block_hashes
@@ -27,7 +37,7 @@ from planner.policies.base import PlacementPolicy, PlanContext
 from planner.policies.registry import get_policy
 from planner.prefill_plan import ChunkPlan
 from planner.prefill_state import PrefillState
-from planner.prefix_cache import PrefixCache
+from planner.prefix_cache import PrefixCache, PrefixMatch
 from planner.request import Request, RequestStatus
 from planner.snapshot_store import Snapshot, SnapshotStore
 
@@ -95,6 +105,9 @@ class ScheduledRow:
     kv_cached_len: int  # positions below this already hold cached KV: not rewritten
     plan: ChunkPlan | None  # None for a decode row
     restore: Snapshot | None = None  # restore this snapshot into the slot before running
+    # Its state as admission read it: a later admission of the same tick may promote another
+    # snapshot and push this one down to disk, which drops `restore.state` (the fuzz's seed 466).
+    restore_state: Any = None
 
     @property
     def is_decode(self) -> bool:
@@ -145,6 +158,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.free_slots = list(range(config.max_batch_size - 1, -1, -1))  # pop() gives slot 0 first
         self.tick = 0
+        self.copy_fallbacks = 0  # admissions that gave up a partial-block copy for the block floor (`_admit`)
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -222,35 +236,35 @@ class Scheduler:
 
     def _prefill_row(self, req: Request, plan: ChunkPlan, restore: Snapshot | None = None) -> ScheduledRow:
         """The row of one planned chunk; `restore` is the snapshot its slot starts from (admission only)."""
-        return ScheduledRow(req, plan.offset, req.prefill.chunk_tokens(plan), req.lease.num_cached_tokens, plan, restore)
+        return ScheduledRow(req, plan.offset, req.prefill.chunk_tokens(plan), req.lease.num_cached_tokens, plan, restore,
+                            restore.state if restore is not None else None)
 
     def _admit(self, req: Request, budget: int, copies: list) -> tuple[ChunkPlan | None, Snapshot | None]:
         """Adopt the cached prefix (a partial block by copy, appended to `copies`), pick the restore
         point (the deepest usable snapshot at or below the KV match; everything after it is replay),
-        and book the first chunk."""
+        and book the first chunk; (None, None) when its blocks are not free (it waits).
+
+        A copy never makes a request wait: it holds one block more than the block-floored match (its
+        source, until the copy has run), so when that lease does not fit, the block-floored match is
+        booked instead (`copy_fallbacks`). Without this a request needing the whole pool waited
+        forever for a block its own copy held (KV block 16, 17 blocks, a 257-token prompt)."""
         cfg = self.config
         tokens = req.all_token_ids
         extend_block_hashes(req.block_hashes, tokens, cfg.block_size)
         match = self.kv.find(tokens, req.block_hashes)
-        lease, copy = self.kv.adopt_match(match)
-        restore = None
-        if lease.num_cached_tokens and cfg.ssm_snapshots:
-            restore = self.snapshots.lookup(tokens, lease.num_cached_tokens, req.block_hashes)
-            lease.num_computed_tokens = restore.position if restore is not None else 0
-        else:
-            lease.num_computed_tokens = lease.num_cached_tokens
-        start, total = lease.num_computed_tokens, len(tokens)
-        own = {m for m in self.policy.marks(lease.num_cached_tokens, start, total, self.context) if start < m < total}
-        marks = own | {m for m in req.snapshot_marks if start < m < total}
-        speculative = {m for m in self.policy.speculative_marks(lease.num_cached_tokens, start, total, self.context)
-                       if start < m < total} - marks
-        prefill = PrefillState(tokens, lease, tuple(sorted(marks | speculative)))
-        plan = prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy, self.context)
-        if not self.kv.allocate(lease, plan.end):
-            self.kv.release(lease)
-            if copy is not None:
-                self.pool.free([match.partial])
+        booked = self._book(req, match, budget)
+        if booked is None and match.partial is not None:
+            booked = self._book(req, PrefixMatch(match.blocks, match.block_size), budget)
+            if booked is not None:
+                self.copy_fallbacks += 1
+                req.metrics.copy_fallbacks += 1
+        if booked is None:
             return None, None
+        lease, copy, restore, prefill, plan, own, speculative = booked
+        # The eviction hears of the lookup once, for the admission that happened (an attempt that
+        # found no blocks, or the copy's attempt before a fallback, is not a lookup the store served).
+        if lease.num_cached_tokens and cfg.ssm_snapshots:
+            self.snapshots.observe_lookup(tokens, lease.num_cached_tokens, req.block_hashes)
         if copy is not None:
             copies.append(copy)
             self._copy_sources.append(match.partial)
@@ -266,6 +280,32 @@ class Scheduler:
         m.replayed_tokens = len(tokens) - lease.num_computed_tokens
         self.running.append(req)
         return plan, restore
+
+    def _book(self, req: Request, match: PrefixMatch, budget: int):
+        """The lease over `match` with its first chunk's blocks allocated, the restore point, the
+        prefill state, its plan and marks; None (every reference given back) when the blocks are short."""
+        cfg = self.config
+        tokens = req.all_token_ids
+        lease, copy = self.kv.adopt_match(match)
+        restore = None
+        if lease.num_cached_tokens and cfg.ssm_snapshots:
+            restore = self.snapshots.lookup(tokens, lease.num_cached_tokens, req.block_hashes, observe=False)
+            lease.num_computed_tokens = restore.position if restore is not None else 0
+        else:
+            lease.num_computed_tokens = lease.num_cached_tokens
+        start, total = lease.num_computed_tokens, len(tokens)
+        own = {m for m in self.policy.marks(lease.num_cached_tokens, start, total, self.context) if start < m < total}
+        marks = own | {m for m in req.snapshot_marks if start < m < total}
+        speculative = {m for m in self.policy.speculative_marks(lease.num_cached_tokens, start, total, self.context)
+                       if start < m < total} - marks
+        prefill = PrefillState(tokens, lease, tuple(sorted(marks | speculative)))
+        plan = prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy, self.context)
+        if not self.kv.allocate(lease, plan.end):
+            self.kv.release(lease)
+            if copy is not None:
+                self.pool.free([match.partial])
+            return None
+        return lease, copy, restore, prefill, plan, own, speculative
 
     def _grow_or_preempt(self, req: Request, num_tokens: int, preempted: list[Request]) -> bool:
         """Make `req`'s lease hold `num_tokens` positions, preempting newer requests if needed."""

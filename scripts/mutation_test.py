@@ -58,6 +58,7 @@ DEFAULT_TESTS = (
     "tests/test_multiturn.py", "tests/test_snapshot_dp.py", "tests/test_warm_restore.py",
     "tests/test_ablations.py", "tests/test_step_host_syncs.py", "tests/test_pad_slots.py",
     "tests/test_workloads.py", "tests/test_peer_vllm.py", "tests/test_layering.py",
+    "tests/test_token_match.py", "tests/test_serve_under_pressure.py",
 )
 EQUIVALENT_FILE = ROOT / "results" / "mutation" / "equivalent.json"
 MIN_TIMEOUT_S = 20.0  # a mutant's whole run, at least

@@ -132,3 +132,19 @@ def test_the_command_line_ends_in_one_usage_line(tmp_path, module):
     last = res.stderr.strip().splitlines()[-1]
     assert last.endswith("error: argument --block-size: must be an integer >= 1, got '0'")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["warm_restore", "ablations", "multiturn", "plan_incident"])
+def test_an_offline_policy_is_refused_where_no_oracle_marks_exist(tmp_path, capsys, name):
+    """optimum needs each request's future matches; only the trace studies compute them (issue 34 item 3:
+    elsewhere it ran as a degraded policy under the optimum's name)."""
+    out = tmp_path / "out"
+    line = usage_error(capsys, lambda: MAINS[name](out, "--policy", "optimum"))
+    assert "argument --policy: optimum is offline" in line and "python -m experiments.traces" in line
+    assert not out.exists()
+
+
+def test_the_simulator_refuses_an_offline_policy_without_its_marks():
+    from experiments.traces.simulate import SimConfig, simulate
+    with pytest.raises(ValueError, match="marks: policy 'optimum' is offline"):
+        simulate([], SimConfig("optimum", shape="bamba-9b", budget_gb=4.0))

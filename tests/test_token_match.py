@@ -314,3 +314,53 @@ def test_a_runner_without_copies_is_refused_for_a_token_unit():
     with pytest.raises(ValueError, match="prefix_match_unit.*copy_kv_blocks"):
         Engine.for_runner(lambda config: NoCopy(), None, policy="ours-plus", num_kv_blocks=8)
     Engine.for_runner(lambda config: NoCopy(), None, policy="ours-plus", num_kv_blocks=8, prefix_match_unit=16)
+
+
+# ---------------------------------------------------------------- slips the mutation run found unpinned
+def test_a_block_is_registered_by_content_once_per_allocation():
+    pool = BlockPool(2)
+    block, = pool.allocate(1)
+    pool.register_content(block, ROOT, (5, 6))
+    with pytest.raises(RuntimeError, match="already findable by content"):
+        pool.register_content(block, ROOT, (5, 6, 7))
+    pool.free([block])
+    _, again = pool.allocate(2)  # the never-used block first, then the freed one: its entry dropped
+    assert again is block and pool.longest_content_match(ROOT, [5, 6]) == (None, 0)
+    pool.register_content(again, ROOT, (9,))  # a fresh allocation registers again
+    assert pool.longest_content_match(ROOT, [9, 1]) == (again, 1)
+
+
+@pytest.mark.parametrize("written, rows", [(5, 1), (3, 3), (7, 3)])
+def test_a_released_tail_of_any_length_is_findable(written, rows):
+    """Block 4: a lease that wrote `written` tokens leaves `written % 4` rows in its last block (5: one
+    row past a boundary; 3: a first block never filled); a prompt sharing them and going on copies them."""
+    cache = PrefixCache(BlockPool(8), 4, match_unit=1)
+    computed(cache, A[:written])
+    assert found(cache, A[:written] + [99, 98]) == (written // 4, rows, written)
+
+
+def test_a_tail_ending_on_a_boundary_registers_nothing():
+    """8 tokens on block 4: both blocks are full (published by hash and content); no partial tail."""
+    pool = BlockPool(4)
+    cache = PrefixCache(pool, 4, match_unit=1)
+    lease = computed(cache, A[:8], finish=False)
+    assert cache.allocate(lease, 9)  # a third block, as a decode row at 8 would allocate, unwritten
+    cache.register_tail(lease, hash_full_blocks(A[:8], 4), lambda a, b: A[a:b])
+    assert lease.blocks[2].content == () and found(cache, A[:8] + [1]) == (2, 0, 8)
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("spoil", ["parent", "first token", "block id"])
+def test_check_invariants_catches_a_misfiled_content_entry(spoil):
+    pool = BlockPool(3)
+    a, b = pool.allocate(2)
+    pool.register_content(a, ROOT, (5, 6))
+    pool.check_invariants()
+    if spoil == "parent":
+        a.parent = b"another prefix"
+    elif spoil == "first token":
+        a.content = (7, 6)
+    else:
+        pool._by_content[(ROOT, 5)] = {b.block_id: a}
+    with pytest.raises(AssertionError):
+        pool.check_invariants()

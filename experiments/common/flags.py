@@ -90,12 +90,26 @@ def float_list(lo: float, hi: float | None = None, lo_open: bool = False) -> Che
     return check
 
 
-def name_list(allowed: Iterable[str]) -> Check:
-    """Comma-separated names, each one of `allowed`, no repeats; at least one."""
+def _refuse_offline(names: Iterable[str], allowed: tuple[str, ...]) -> None:
+    """An offline policy (`needs_oracle`: the optimum) where this command cannot give it its oracle marks:
+    refused by name, with the studies that can run it (run without them it would be a degraded policy
+    under the optimum's name)."""
+    for name in names:
+        if name not in allowed and name in POLICIES and POLICIES[name].needs_oracle:
+            raise argparse.ArgumentTypeError(
+                f"{name} is offline: it needs each request's future matches (oracle marks), which only "
+                f"{ORACLE_STUDIES} supply")
+
+
+def name_list(allowed: Iterable[str], refuse_offline: bool = True) -> Check:
+    """Comma-separated names, each one of `allowed`, no repeats; at least one. `refuse_offline`: an
+    offline policy outside `allowed` gets `_refuse_offline`'s line (False: a command that runs it anyway)."""
     allowed = tuple(allowed)
 
     def check(text: str) -> list[str]:
         items = [x.strip() for x in text.split(",") if x.strip()]
+        if refuse_offline:
+            _refuse_offline(items, allowed)
         bad = [x for x in items if x not in allowed]
         if not items or bad or len(set(items)) != len(items):
             raise argparse.ArgumentTypeError(f"expected distinct comma-separated names from {', '.join(allowed)}; "
@@ -198,6 +212,9 @@ def require_block_of_budget(ap: argparse.ArgumentParser, budget: int, block_size
 
 
 CHUNK_POLICIES = tuple(sorted(POLICIES))  # the planner's registry (planner.policies.registry)
+# What a study without a trace's future can run: every policy but the offline ones (`needs_oracle`)
+ONLINE_POLICIES = tuple(name for name in CHUNK_POLICIES if not POLICIES[name].needs_oracle)
+ORACLE_STUDIES = "python -m experiments.traces and python -m experiments.traces.factorial"
 
 # One torch thread. With 2 threads, each op's OpenMP barrier waits for whichever thread another
 # process has descheduled: at load ~3.5 on the 2-core machine a 28-token warm replay took 2.5 s
@@ -222,9 +239,23 @@ def add_model_flags(ap: argparse.ArgumentParser, dtypes=("float32", "bfloat16"),
     ap.add_argument("--threads", type=int_in_range(0), default=DEFAULT_THREADS, help=THREADS_HELP)
 
 
-def add_policy_flag(ap: argparse.ArgumentParser, what: str) -> None:
-    ap.add_argument("--policy", default="aligned", choices=CHUNK_POLICIES,
-                    help=f"placement policy (planner.policies.registry) {what}")
+def policy_name(allowed: Iterable[str] = ONLINE_POLICIES) -> Check:
+    """One placement policy of `allowed` (an offline one elsewhere: refused, naming where it runs)."""
+    allowed = tuple(allowed)
+
+    def check(text: str) -> str:
+        name = text.strip()
+        _refuse_offline([name], allowed)
+        if name not in allowed:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(allowed)}; got {text!r}")
+        return name
+
+    return check
+
+
+def add_policy_flag(ap: argparse.ArgumentParser, what: str, allowed: Iterable[str] = ONLINE_POLICIES) -> None:
+    ap.add_argument("--policy", default="aligned", type=policy_name(allowed),
+                    help=f"placement policy (planner.policies.registry: {', '.join(allowed)}) {what}")
 
 
 # ------------------------------------------------------------------------------ the flag vocabulary
@@ -250,7 +281,7 @@ def new_parser(description: str, **kwargs) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=description, formatter_class=HelpFormatter, **kwargs)
 
 
-def add_policy_list_flag(ap: argparse.ArgumentParser, default: Iterable[str], allowed: Iterable[str] = CHUNK_POLICIES,
+def add_policy_list_flag(ap: argparse.ArgumentParser, default: Iterable[str], allowed: Iterable[str] = ONLINE_POLICIES,
                          what: str = "placement policies") -> None:
     """`--policy` as one name or a comma list of distinct names from `allowed`."""
     default = ",".join(default)  # a string default goes through `type` too: --help shows it as typed

@@ -278,8 +278,9 @@ def parser():
     ap.add_argument("--reading", choices=READINGS, default="chains", help="how its requests continue each other")
     ap.add_argument("--limit", type=int_in_range(1), default=1000, help="N requests (from --start)")
     ap.add_argument("--start", type=int_in_range(0), default=0, help="skip the trace's first N requests (0-based)")
-    ap.add_argument("--policy", type=name_list(sorted(set(POLICIES) - {REFERENCE})), default=",".join(PLACEMENTS),
-                    help="placement policies (comma list)")
+    ap.add_argument("--policy", type=name_list(sorted(set(POLICIES) - {REFERENCE}), refuse_offline=False),
+                    default=",".join(PLACEMENTS), help=f"placement policies (comma list; {REFERENCE} always runs, "
+                                                       "as the reference)")
     ap.add_argument("--eviction", type=name_list(sorted(EVICTION_POLICIES)), default=",".join(sorted(EVICTION_POLICIES)),
                     help="evictions (comma list)")
     ap.add_argument("--budget-gb", type=float_list(0, lo_open=True), default="0.25,4,16,64",

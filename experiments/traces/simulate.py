@@ -135,6 +135,8 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
     `marks`: request index -> positions it must leave a snapshot at (the optimum's: prefill, prompt end or reply);
     `uses`: snapshot key -> the requests that will restore it (`oracle.optimum_uses`): under a
     budget, eviction then follows Belady's MIN (`NextUseEviction`) instead of the policy's own."""
+    require(marks is not None or not get_policy(cfg.policy).needs_oracle, "marks",
+            f"policy {cfg.policy!r} is offline: give its oracle marks (experiments.traces.oracle.oracle_for)")
     t0 = time.perf_counter()
     cost = ShapeCost.from_preset(cfg.shape)
     clock = SimClock()

@@ -318,7 +318,7 @@ class Engine:
         for row in out.rows:
             if row.restore is not None:
                 self._charge_transfer(row.request)
-                self.runner.write_state(row.request.slot, row.restore.state)
+                self.runner.write_state(row.request.slot, row.restore_state)
         result = self._run(out.rows)
         sampled = self._sample_and_save(out.rows, result)
         if self.config.decode_snapshots and self.config.scheduler.enable_prefix_caching:
@@ -361,7 +361,9 @@ class Engine:
                 forced, k = self._forced.get(req.request_id), len(req.output_token_ids)
                 token = forced[k] if forced is not None and k < len(forced) else int(torch.argmax(row_logits))
             sampled[req.request_id] = token
-            if produces_token and not row.is_decode and self.config.keep_prompt_logits:
+            # the prompt's last token only: a preempted request's recompute ends at its last output
+            # token, whose logits are another position's (the fuzz's seed 1000 compared those)
+            if produces_token and not row.is_decode and self.config.keep_prompt_logits and not req.output_token_ids:
                 self.prompt_logits[req.request_id] = row_logits.detach().clone()
         return sampled
 
