@@ -11,7 +11,9 @@ overridable per tier:
 
 Recomputing the 2,048 tokens such a snapshot spares takes tens of ms on an H100-class device, so a
 host tier is nearly free next to recompute and a disk tier is cheap; both are bounded by their
-own byte budgets.
+own byte budgets. A disk tier whose spill records what it holds (`Spill.recorded`: the engine's
+`model.engine.spill.FileSpill`, an index beside its files, keyed by the model's identity) survives
+a restart: a new store over it adopts those snapshots as its disk tier's residents.
 """
 
 from __future__ import annotations
@@ -70,11 +72,33 @@ class SpillError(Exception):
     """A spilled snapshot that cannot be read back as written (missing, truncated, checksum mismatch)."""
 
 
-class Spill(Protocol):
-    """Where a tier keeps snapshot states off the device's memory (a folder of files, say)."""
+@dataclasses.dataclass(frozen=True)
+class SpillEntry:
+    """What a spilled state is the state of, written beside it so that a later store over the same
+    spill can find it (`Spill.recorded`): its prefix's key (`Snapshot.key`: the chained hash of the
+    full blocks below `position` and the tokens above them) and the bookkeeping eviction reads.
+    `prefix_tokens`: its tokens [0, position), only where the store kept them (an eviction that
+    reads prefixes, `needs_prefix`)."""
 
-    def put(self, state: Any) -> Any:
-        """Write `state` out; returns the handle `get` reads it back with (with `.nbytes`)."""
+    position: int
+    anchor: bytes | None
+    tail: tuple[int, ...]
+    nbytes: int
+    origin: str = "chunk"
+    flops_saved: float = 0.0
+    prefix_tokens: Any = dataclasses.field(default=None, compare=False)
+
+
+class Spill(Protocol):
+    """Where a tier keeps snapshot states off the device's memory (a folder of files, say).
+
+    Optional `recorded() -> list[(SpillEntry, handle)]`: what was spilled here before this store
+    existed (an earlier process's), oldest first; a new store adopts them as residents of the tier
+    (`SnapshotStore`), reads them back with `get` and forgets them with `drop` as its own."""
+
+    def put(self, state: Any, entry: SpillEntry) -> Any:
+        """Write `state`, the state `entry` describes; returns the handle `get` reads it back with
+        (with `.nbytes`)."""
 
     def get(self, handle: Any) -> Any:
         """The state written under `handle`, checked; SpillError when it is gone or not what was written."""

@@ -11,7 +11,7 @@ import torch
 from model.engine import Engine
 from model.engine.spill import FileSpill, SpilledState
 from model.loading import from_preset
-from planner.snapshot_tiers import SpillError, disk_tier
+from planner.snapshot_tiers import SpillEntry, SpillError, disk_tier
 
 FP32_LOGITS_ATOL = 1e-5  # warm vs cold, fp32 (issue 20's bound)
 A = list(range(3, 103))  # 100 tokens: aligned saves the split point 99 // 16 * 16 - 16 = 80
@@ -91,7 +91,11 @@ def test_a_damaged_spill_file_is_detected_and_the_request_recomputes(model, tmp_
 def test_file_spill_round_trip_and_checks(model, tmp_path):
     spill = FileSpill(tmp_path)
     state = model.allocate_cache(1, 16, 1).read_state(0)
-    handle = spill.put(state)
+    entry = SpillEntry(16, b"a" * 32, (), int(state.nbytes))
+    with pytest.raises(SpillError, match="not bound"):  # an unbound spill could not be found again
+        spill.put(state, entry)
+    spill.bind("0" * 64)
+    handle = spill.put(state, entry)
     assert isinstance(handle, SpilledState) and handle.nbytes == state.nbytes
     back = spill.get(handle)
     assert all(torch.equal(a, b) for a, b in zip(back.conv + back.ssm, state.conv + state.ssm))
@@ -99,7 +103,7 @@ def test_file_spill_round_trip_and_checks(model, tmp_path):
     with pytest.raises(SpillError, match="No such file"):
         spill.get(handle)
     with pytest.raises(TypeError, match="cannot spill a dict"):
-        spill.put({"x": 1})
+        spill.put({"x": 1}, entry)
 
 
 

@@ -60,9 +60,21 @@ def test_scaled_incident_with_paired_repeats_and_machine_load(tmp_path):
                    "decode_snapshot_grid": 0, "prefix_match_unit": 0, "eviction": "lru"}
     assert result["effective_settings"] == {p: {"policy": p} | seed_engine for p in ("legacy", "aligned")}
     assert [p["replayed_tokens"] for p in result["replay_curve"]] == [1, 4, 20, 64, 256]
+    # a fresh process over the disk folder the aligned engine spilled its one snapshot to (the split
+    # point 259 // 4 * 4 - 4 = 252; interval 0): its first request rebuilds the KV of 252 tokens (not
+    # persisted; cold), the warm one restores 252 from disk
+    disk = result["disk_restart"]
+    assert aligned["snapshot_positions"] == [252]
+    assert disk["spilled"] == disk["adopted"] == 1 and disk["adopted_positions"] == [252]
+    assert disk["kv_rebuild"]["tokens"] == 252 and disk["kv_rebuild"]["restore_at"] == 0
+    assert (disk["kv_match"], disk["restore_at"], disk["replayed_tokens"]) == (252, 252, 8)
+    assert disk["promoted_from_disk"] == 1 and disk["spill_failures"] == 0 and disk["restore_transfer_s"] > 0
+    assert len(disk["ttft_s_again"]) == 2
+    assert disk["max_abs_logit_diff_vs_cold"] <= 1e-4 and disk["first_token"] == aligned["cold_first_token"]
     assert (out / "warm_restore.png").is_file()
     readme = (out / "README.md").read_text()
     assert "Machine load average" in readme and "warm TTFT (min of 3)" in readme
+    assert "**Restart from disk.**" in readme and "restore at 252 from disk, 8 replayed tokens" in readme
 
 
 def test_family_table_reads_each_run(tmp_path):

@@ -185,6 +185,21 @@ def report(result: dict) -> str:
         f"{other.capitalize()} warm TTFT is {A['warm_ttft_s'] / fit['forward_20_s']:.2f}x the forward time of its 20 "
         f"replayed tokens alone ({fit['forward_20_s'] * 1e3:.1f} ms): the rest is hashing the prompt's blocks, the "
         "prefix match, the snapshot lookup and restore, and scheduling.", "",
+        _disk_restart_line(result, other),
         "Data: `warm_restore.json`; figure: `warm_restore.png`.",
     ]
     return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def _disk_restart_line(result: dict, other: str) -> str | None:
+    """The fresh process's restore from the disk folder (files written before the step: None)."""
+    d = result.get("disk_restart")
+    if d is None or "skipped" in d:
+        return None
+    return (f"**Restart from disk.** {other.capitalize()}'s engine moved its {d['spilled']} snapshots to its disk tier; "
+            f"a fresh process over that folder found {d['adopted']} (at {d['adopted_positions']}), rebuilt the KV of "
+            f"the first {d['kv_rebuild']['tokens']} tokens (KV is not persisted: a cold request of "
+            f"{d['kv_rebuild']['ttft_s']:.2f} s), then served the warm request: restore at {d['restore_at']} from disk, "
+            f"{d['replayed_tokens']} replayed tokens, TTFT {_seconds(d['ttft_s'])} (the file read and checksum "
+            f"included; served again from disk: {', '.join(_seconds(t) for t in d.get('ttft_s_again', []))}), "
+            f"max abs logit diff vs the first process's cold {d['max_abs_logit_diff_vs_cold']:.2e}.\n")

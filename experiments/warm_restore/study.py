@@ -20,6 +20,10 @@ minimum and median; the headline ratio legacy / aligned divides the minima (see 
 The machine's load average before and after, its core count and the torch threads are recorded.
 Then the forward time of n replayed tokens at the end of the same context is measured for several
 n and fitted as a + b*n, which explains our ratio next to the seed's 12.5 s / 0.2 s = 62.5.
+Last, `disk_restart`: the compared policy's engine, which had an unused disk tier over a scratch
+folder, moves its snapshots there, and a fresh process restores the warm request from that folder
+(`experiments.warm_restore.disk_restart`; ~10 s plus a cold prefill of the restore point's tokens,
+since the KV cache is not persisted); restore point, replay, TTFT and logits vs cold are recorded.
 
 `--model` is a preset name (model.families.PRESETS) or a checkpoint folder.
 The JSON records what each policy's engine ran under (`effective_settings`: its KV block, state
@@ -33,9 +37,12 @@ the report are drawn from the JSON (`experiments.warm_restore.report`; `--replot
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,11 +58,14 @@ from experiments.common.results_io import environment, log, write_json, write_te
 from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, build_model_or_exit, cold_record, dense_serve,
                               machine_load, max_abs_diff, model_summary, random_prompt, serve,
                               set_threads, warm_record, warm_up)
+from experiments.warm_restore import disk_restart as restart
 from experiments.warm_restore.report import BASELINE, compared, plot, ratio_key, report
 from model.batch import SequenceChunk
 from model.engine import Engine, ModelRunner
+from model.engine.spill import FileSpill
 from model.hybrid import HybridLM
 from planner.policies.registry import POLICIES
+from planner.snapshot_tiers import GB, disk_tier
 
 CURVE_POINTS = (1, 4, 20, 64, 256, 1024, 4096, 8195)
 
@@ -66,6 +76,16 @@ def policy_engine(model: HybridLM, policy: str, args) -> Engine:
     policy's engine defaults (its KV block, decode states, eviction) applied by `Engine.for_model`."""
     settings = dense_serve(args.block_size, args.prefill_budget, [args.prompt_len], policy, args.interval)
     return Engine.for_model(model, capture_mode="in_pass", keep_prompt_logits=True, **settings)
+
+
+def disk_engine(model: HybridLM, policy: str, args, folder: Path) -> Engine:
+    """`policy_engine` with a disk tier over `folder` (a `FileSpill`) below a device budget of a
+    snapshot at every position, so the headline never spills: the same plans and restores."""
+    budget = model.allocate_cache(1, args.block_size, 1).state_bytes_per_slot * (args.prompt_len + 1)
+    settings = dense_serve(args.block_size, args.prefill_budget, [args.prompt_len], policy, args.interval)
+    return Engine.for_model(model, capture_mode="in_pass", keep_prompt_logits=True, snapshot_byte_budget=budget,
+                            snapshot_lower_tiers=(disk_tier(budget / GB, spill=FileSpill(folder, args.device)),),
+                            **settings)
 
 
 def policy_result(engine: Engine, cold, warms: list) -> dict:
@@ -89,12 +109,14 @@ def policy_result(engine: Engine, cold, warms: list) -> dict:
     }
 
 
-def measure_policies(model: HybridLM, prompt: list[int], args) -> tuple[dict, dict, list[str]]:
+def measure_policies(model: HybridLM, prompt: list[int], args, disk_folder: Path) -> tuple[dict, dict, list[str]]:
     """Cold then `repeats` warm requests per policy, warm requests interleaved in pairs whose order
-    alternates (neither policy always runs right after the other's memory traffic).
+    alternates (neither policy always runs right after the other's memory traffic); the compared
+    policy's engine has a disk tier over `disk_folder` (`disk_engine`).
     Returns per-policy results, the engines (the curve reuses one's KV cache), the warm order."""
     policies = (BASELINE, args.policy)
-    engines = {p: policy_engine(model, p, args) for p in policies}
+    engines = {p: disk_engine(model, p, args, disk_folder) if p == args.policy else policy_engine(model, p, args)
+               for p in policies}
     colds = {p: serve(engines[p], prompt, "cold", progress=f"{p} cold") for p in policies}
     warms: dict[str, list] = {p: [] for p in policies}
     order = []
@@ -169,6 +191,30 @@ def replay_fit(curve: list[dict]) -> dict:
     return {"a_s": a, "b_s_per_token": b, "predicted_ratio": (a + n_l * b) / (a + n_a * b),
             "seed_a_s": seed_a["warm_ttft_s"] - n_a * seed_b, "seed_b_s_per_token": seed_b,
             "forward_20_s": next(p["forward_s"] for p in curve if p["replayed_tokens"] == n_a)}
+
+
+def disk_restart(engine: Engine, restore_at: int, args, folder: Path) -> dict:
+    """The engine's snapshots moved to its disk tier (a clean shutdown), the cold logits beside, and a
+    fresh process over the folder serving the warm request (`experiments.warm_restore.disk_restart`)."""
+    spilled = engine.snapshots.spill_all()
+    engine.snapshots.lower_tiers[-1].spill.close()  # the process is done with it: the next one takes the lock
+    record = {"spilled": spilled, "spilled_bytes": engine.snapshots.tier_bytes()["disk"]}
+    if restore_at == 0:
+        return record | {"skipped": f"{args.policy}'s warm request restored nothing"}
+    torch.save(engine.prompt_logits["cold"], folder / restart.COLD_LOGITS)
+    flags = {"--folder": folder, "--restore-at": restore_at, "--model": args.model, "--backend": args.backend,
+             "--device": args.device, "--dtype": args.dtype, "--seed": args.seed, "--threads": args.threads,
+             "--policy": args.policy, "--prompt-len": args.prompt_len, "--block-size": args.block_size,
+             "--prefill-budget": args.prefill_budget, "--interval": args.interval}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "experiments.warm_restore.disk_restart",
+                           *(str(x) for kv in flags.items() for x in kv)], capture_output=True, text=True)
+    for line in proc.stderr.splitlines() + proc.stdout.splitlines():
+        log(f"  [fresh process] {line}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"the disk_restart process failed (exit {proc.returncode}): "
+                           f"{(proc.stderr.strip().splitlines() or [''])[-1]}")
+    return record | json.loads((folder / restart.RESULT).read_text()) | {"subprocess_s": time.perf_counter() - t0}
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -261,7 +307,16 @@ def measure(model: HybridLM, args) -> dict:
     # "budget" and "preset": the names the figure and older readers use
     result = {"config": config | {"out": str(args.out), "preset": args.model, "budget": args.prefill_budget},
               "environment": environment(args.device), "model": model_summary(model), "seed_figures": SEED_FIGURES}
-    policies, engines, order = measure_policies(model, prompt, args)
+    with tempfile.TemporaryDirectory(prefix="warm_restore_disk_") as disk_folder:
+        result |= measure_all(model, prompt, args, Path(disk_folder))
+    result["machine_load"] = machine_load(loadavg_start)
+    return result
+
+
+def measure_all(model: HybridLM, prompt: list[int], args, disk_folder: Path) -> dict:
+    """`measure`'s measurements, the compared policy's disk tier over `disk_folder`."""
+    result = {}
+    policies, engines, order = measure_policies(model, prompt, args, disk_folder)
     result |= policies
     result["effective_settings"] = {p: engines[p].effective_settings for p in engines}
     result["warm_order"] = order
@@ -275,7 +330,12 @@ def measure(model: HybridLM, args) -> dict:
     result["replay_curve"] = curve
     result["replay_fit"] = fit = replay_fit(curve)
     result[f"{args.policy}_warm_ttft_over_forward_20"] = result[args.policy]["warm_ttft_s"] / fit["forward_20_s"]
-    result["machine_load"] = machine_load(loadavg_start)
+    result["disk_restart"] = d = disk_restart(engines[args.policy], result[args.policy]["warm_restore_at"], args,
+                                              disk_folder)
+    if "skipped" not in d:
+        log(f"disk restart ({args.policy}, fresh process): {d['adopted']} of {d['spilled']} snapshots found, "
+            f"restore {d['restore_at']}, replay {d['replayed_tokens']}, warm TTFT {d['ttft_s']:.3f} s, "
+            f"logit diff vs cold {d['max_abs_logit_diff_vs_cold']:.2e}")
     return result
 
 

@@ -56,6 +56,7 @@ from model.engine.model_runner import ModelRunner
 from model.engine.placeholder_runner import PlaceholderRunner
 from model.engine.runner import Runner
 from model.engine.settings import EFFECTIVE_KEYS, ModelShape, resolve_settings
+from model.engine.spill import state_identity
 from model.engine.two_pass import run_in_passes
 from model.hybrid import HybridLM
 from planner.eviction import get_eviction
@@ -187,6 +188,9 @@ class Engine:
         require(config.scheduler.match_unit == config.scheduler.block_size or hasattr(runner, "copy_kv_blocks"),
                 "prefix_match_unit", f"{config.scheduler.prefix_match_unit} needs a runner that copies KV blocks "
                 f"(copy_kv_blocks); {type(runner).__name__} has none")
+        for tier in config.snapshot_lower_tiers:  # a spill a later process reads: what its states mean
+            if hasattr(tier.spill, "bind"):
+                tier.spill.bind(state_identity(runner, config.scheduler.block_size))
         self.snapshots = SnapshotStore(config.scheduler.block_size, config.snapshot_byte_budget,
                                        get_eviction(eviction) if eviction is not None else None,
                                        lower_tiers=config.snapshot_lower_tiers)
