@@ -406,10 +406,11 @@ def test_command_line_names_every_flag_the_run_was_given_and_only_its_scenarios(
     for scenario in SLICE_PROMPTS:
         del raw["raw"][scenario]
     raw["config"] |= {"scenarios": ["warm_restore", "random_lengths"], "probes": False, "gen_tokens": 4,
-                      "vllm_configs": ["default", "shared_prefix"], "seed": 29, "dtype": "bfloat16"}
+                      "vllm_configs": ["default", "shared_prefix"], "seed": 29, "dtype": "bfloat16"}  # configs: default
     text = rep.report(rep.shape(raw))
-    assert ("`python -m experiments.peer_vllm --model granite-dense-cpu --dtype bfloat16 --seed 29 --threads 1 "
-            "--our-policy ours-plus --vllm-configs default,shared_prefix --scenarios warm_restore,random_lengths "
-            "--prompt-len 1000 --repeats 2 --gen-tokens 4 --random-count 2 --no-probes`") in text
+    assert ("`python -m experiments.peer_vllm --our-policy ours-plus --prompt-len 1000 --repeats 2 --random-count 2 "
+            "--mooncake-sessions 1 --sharegpt-conversations 1 --dtype bfloat16 --seed 29 "
+            "--scenarios warm_restore,random_lengths --gen-tokens 4 --random-min 600 --random-max 1000 "
+            "--mooncake-max-prompt 2000 --no-probes`") in text
     assert "## Random lengths" in text and "## Mooncake" not in text and "## ShareGPT" not in text
     assert "## Mooncake" in rep.report(rep.shape(_raw()))  # an older record (no scenarios recorded): every table

@@ -544,21 +544,24 @@ def _probe_rows(result: dict) -> list[str]:
 
 
 def _command_flags(result: dict) -> str:
-    """The flags the run was given, from its config (records from before a flag was recorded omit it)."""
+    """The flags of the run: the record's usual ones, then every other flag whose recorded value is
+    not the study's default (seed, dtype, model, threads, configurations, scenarios, ...)."""
+    from experiments.peer_vllm.study import parser  # here: study imports this module
+
     cfg = result["config"]
-    scenarios = cfg.get("scenarios") or [*PAIRED, *SLICES]
-    flags = [("--model", cfg.get("model")), ("--dtype", cfg.get("dtype")), ("--seed", cfg.get("seed")),
-             ("--threads", cfg.get("threads")), ("--our-policy", our_policy(result)),
-             ("--vllm-configs", ",".join(cfg["vllm_configs"]) if cfg.get("vllm_configs") else None),
-             ("--scenarios", ",".join(scenarios) if cfg.get("scenarios") else None),
-             ("--prompt-len", cfg.get("prompt_len")), ("--repeats", cfg.get("repeats")),
-             ("--gen-tokens", cfg.get("gen_tokens")), ("--random-count", cfg.get("random_count"))]
-    if "mooncake" in scenarios:
-        flags.append(("--mooncake-sessions", cfg.get("mooncake_sessions")))
-    if "sharegpt" in scenarios:
-        flags.append(("--sharegpt-conversations", cfg.get("sharegpt_conversations")))
-    text = " ".join(f"{k} {v}" for k, v in flags if v is not None)
-    return text + (" --no-probes" if cfg.get("probes") is False else "")
+    text = (f"--our-policy {our_policy(result)} --prompt-len {cfg['prompt_len']} --repeats {cfg['repeats']} "
+            f"--random-count {cfg['random_count']} --mooncake-sessions {cfg['mooncake_sessions']} "
+            f"--sharegpt-conversations {cfg.get('sharegpt_conversations')}")
+    shown = {"our_policy", "prompt_len", "repeats", "random_count", "mooncake_sessions", "sharegpt_conversations",
+             "out", "publish", "replot", "vllm_python", "checkpoint_dir"}
+    for action in parser()._actions:
+        name, default = action.dest, action.default
+        if name in shown or name not in cfg or not action.option_strings:
+            continue
+        value = ",".join(cfg[name]) if isinstance(cfg[name], list) else cfg[name]
+        if value != default:
+            text += " --no-probes" if name == "probes" else f" {action.option_strings[-1]} {value}"
+    return text
 
 
 def _machine_lines(env: dict) -> list[str]:
