@@ -1,4 +1,4 @@
-"""Triton kernels (paged attention, Mamba-2 SSD scan, causal conv1d), their oracles and CPU paths.
+"""Triton kernels (paged attention, Mamba-2 SSD scan, causal conv1d, gated delta rule), their oracles and CPU paths.
 
 Kernel files follow one layout: `@triton.jit` kernel(s), a launcher that checks shapes and
 launches, then the public function; `compile_variants()` declares what the compile check builds

@@ -8,5 +8,6 @@ the same inputs with the same messages. One module per op family:
 * `varlen`: packed sequences (`cu_seqlens`), capture offsets, state-pool slots, logical chunks.
 * `ssd`: the Mamba-2 SSD scan and decode step (and dt', their step size).
 * `conv1d`: the causal depthwise conv1d and its decode step.
+* `gated_delta`: the gated delta rule (Gated DeltaNet) scan and decode step.
 * `paged_attention`: the paged KV cache layout, the KV write and the attention call.
 """
