@@ -120,6 +120,9 @@ def save_pretrained(model: HybridLM, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     hf = model.config.to_hf_dict()
+    architecture = get_family(model.config.model_type).architecture
+    if architecture:
+        hf = {"architectures": [architecture], **hf}
     (path / "config.json").write_text(json.dumps(hf, indent=2))
     params = dict(model.named_parameters())
     tensors = {}

@@ -57,6 +57,8 @@ CASES = [
     ("traces-trace-file-missing", "traces", [*TRACE, "--trace-file", "{d}/none.jsonl"], {}, "--trace-file"),
     ("traces-trace-file-empty", "traces", [*TRACE, "--trace-file", "{d}/t.jsonl", "--out", "{d}/o"],
      {"t.jsonl": ""}, "t.jsonl: no requests"),
+    ("traces-start-past-the-end", "traces", [*TRACE, "--start", "99999", "--limit", "5", "--out", "{d}/o"], {},
+     "--start 99999: past the end of mooncake-conversation (12031 requests"),
     ("traces-trace-file-corrupt-gz", "traces", [*TRACE, "--trace-file", "{d}/t.jsonl.gz", "--out", "{d}/o"],
      {"t.jsonl.gz": b"\x1f\x8b\x08 not gzip at all" * 10}, "t.jsonl.gz"),
     ("traces-trace-file-truncated-gz", "traces", [*TRACE, "--trace-file", "{d}/t.jsonl.gz", "--out", "{d}/o"],

@@ -86,3 +86,18 @@ def test_save_pretrained_round_trips_and_transformers_reads_it(tmp_path):
     with torch.no_grad():
         err = max_abs(model.logits(ids), theirs(ids[None]).logits[0])
     assert err <= LOGIT_ATOL, err
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_a_saved_checkpoint_names_its_transformers_architecture(tmp_path, model_type):
+    """config.json's `architectures` is what vLLM picks its model class by; the expected name is
+    transformers' own causal-LM class for the model_type (issue 37: saves omitted it)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    preset = min((name for name, c in PRESETS.items() if c.model_type == model_type),
+                 key=lambda name: PRESETS[name].hidden_size * PRESETS[name].num_hidden_layers)  # its smallest
+    model = from_preset(preset, seed=0)
+    save_pretrained(model, tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    assert hf["architectures"] == [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
+    assert load_pretrained(tmp_path).config == model.config

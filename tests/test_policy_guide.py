@@ -63,3 +63,21 @@ def test_the_policy_runs_in_the_engine_with_its_defaults(registered):
 def test_unregistered_name_is_still_refused():
     with pytest.raises(ValueError, match="^policy: must be one of"):
         registry.get_policy("midpoint")
+
+
+def test_the_guide_gives_the_policy_its_own_figure_style():
+    """Step 3's style entry, added to the real table, keeps every registered policy's colour and marker
+    distinct (tests/test_figure_style.py's rule), and the proof command runs that test (issue 37:
+    the guide's command passed while the suite failed on the missing style)."""
+    import ast
+    import pathlib
+    import re
+
+    from experiments.common import figure_style as fs
+
+    guide = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "add_a_policy.md").read_text()
+    entry = ast.literal_eval("{" + re.search(r'^\s*("midpoint": \{[^}]*\}),', guide, re.M).group(1) + "}")["midpoint"]
+    others = [s for name, s in fs.POLICY_STYLES.items() if name != "midpoint"]
+    assert entry["color"] not in {s["color"] for s in others} and entry["marker"] not in {s["marker"] for s in others}
+    proof = guide[guide.index("## 4. Prove it"):]
+    assert "tests/test_figure_style.py" in proof

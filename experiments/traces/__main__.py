@@ -163,6 +163,11 @@ def check_requests(args, readings: list[str], config: dict) -> None:
             raise InputError(str(err)) from None
         except ValueError as err:  # names file:line and the field
             raise InputError(f"--trace-file {err}" if args.trace_file else str(err)) from None
+        if not requests and config.get("start", 0):  # the trace has requests, all before --start
+            total = len(load_requests(args.trace, reading, None, config["trace_file"], 0))
+            if total:
+                raise InputError(f"--start {config['start']}: past the end of {where} ({total} requests, "
+                                 f"reading {reading}; --start counts from 0)")
         if not requests:
             raise InputError(f"{where}: no requests in it (reading {reading}); is the file empty?")
         log(f"{args.trace} ({reading}): {len(requests)} requests")

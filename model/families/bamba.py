@@ -177,4 +177,4 @@ PRESETS: dict[str, HybridConfig] = {
 
 FAMILY = Family(model_type=MODEL_TYPE, config_from_hf=config_from_hf, config_to_hf=config_to_hf,
                 feed_forward=feed_forward, checkpoint_name=checkpoint_name, feed_forward_cost=feed_forward_cost,
-                presets=PRESETS)
+                presets=PRESETS, architecture="BambaForCausalLM")

@@ -77,6 +77,9 @@ class Family:
     feed_forward_cost: Callable[[HybridConfig, str], FeedForward] | None = None
     # preset name -> shapes, in the order `model.families.PRESETS` lists them
     presets: Mapping[str, HybridConfig] = dataclasses.field(default_factory=dict, hash=False)
+    # transformers' causal-LM class, written as config.json's `architectures` on save (vLLM picks its
+    # model class by it; transformers' Auto classes read `model_type`); "": none is written
+    architecture: str = ""
 
 
 # Fields that never change an inference forward in any family: training knobs, token ids,
