@@ -424,9 +424,12 @@ def _figure_title(fig, result: dict, fs) -> None:
     env, cfg = result["environment"], result["config"]
     fs.title(fig, f"Ours ({our_policy(result)}) vs vLLM {result['systems']['vllm']['version']}, side by side "
                   "on one machine",
-             workload=f"warm restore ({cfg['prompt_len']} tokens x {cfg['repeats']}), {cfg['random_count']} random "
-                      f"lengths, Mooncake slice ({cfg['mooncake_sessions']} sessions), ShareGPT slice "
-                      f"({cfg.get('sharegpt_conversations')} conversations)",
+             workload=", ".join(text for scenario, text in (
+                 ("warm_restore", f"warm restore ({cfg['prompt_len']} tokens x {cfg['repeats']})"),
+                 ("random_lengths", f"{cfg['random_count']} random lengths"),
+                 ("mooncake", f"Mooncake slice ({cfg['mooncake_sessions']} sessions)"),
+                 ("sharegpt", f"ShareGPT slice ({cfg.get('sharegpt_conversations')} conversations)"))
+                 if scenario in (cfg.get("scenarios") or (*PAIRED, *SLICES))),
              model=f"{cfg['model']} checkpoint ({cfg['dtype']}, {cfg['threads']} thread(s) each)",
              device=f"{env['device_name']}, measured, both systems",
              extra=[f"goals: vs vLLM's {GOALS_AGAINST} configuration"])
@@ -449,6 +452,10 @@ def plot(result: dict, path: Path) -> Path:
     _per_request_points(axes, result, systems, fs)
     _per_request_axes(axes, result, systems, goals, fs)
     _legends(axes)
+    for scenario in SLICES:  # a slice the run was not given: its panels say so instead of standing empty
+        if scenario not in (result["config"].get("scenarios") or SLICES):
+            axes[scenario].text(0.5, 0.5, f"{scenario}: not in this run (--scenarios)", ha="center", va="center",
+                                transform=axes[scenario].transAxes, color="0.4")
     _figure_title(fig, result, fs)
     return fs.save(fig, path)
 
