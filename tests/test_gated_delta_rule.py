@@ -43,7 +43,7 @@ CASES = [
     # K = 40 and 100: the state kernel holds K as 2 and 4 register slices in fp32 (2 in bf16 at K = 100)
     ("empty-seqs-K40-V8", [0, 37, 0, 5], 2, 2, 40, 8, [[], [20, 36], [], [1, 4]], (torch.float32,)),
     ("K100-slices", [21], 1, 1, 100, 16, [[5, 16]], (torch.float32, torch.bfloat16)),
-    ("no-capture", [40, 9], 1, 3, 8, 24, None, (torch.float32,)),
+    ("no-capture-V40", [40, 9], 1, 3, 8, 40, None, (torch.float32,)),  # fp32: 3 state and 2 output V tiles
 ]
 PARAMS = [pytest.param(*c[1:6], c[6], dtype, id=f"{c[0]}-{str(dtype)[6:]}") for c in CASES for dtype in c[7]]
 
