@@ -64,7 +64,11 @@ class KillingOps(FileOps):
             with open(path, "xb") as f:
                 f.write(data[: int(len(data) * self.fraction)])
             self.die()
-        super().write_file(path, data)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            FileOps.write(self, fd, data)  # one operation: not counted again as an append
+        finally:
+            os.close(fd)
 
     def write(self, fd, data):
         if self._now("append"):
