@@ -414,16 +414,24 @@ class SnapshotStore:
         self.stats.evicted_bytes += snap.nbytes
         self._tell("evicted", snap)
 
-    def lookup(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash]) -> Snapshot | None:
+    def lookup(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash],
+               observe: bool = True) -> Snapshot | None:
         """The deepest snapshot at a position <= `max_position` whose prefix is `token_ids`'s prefix;
         a spilled one is read back and checked first (one that fails is dropped and the next deepest
         taken). Does not count as a restore (call `mark_restored` when the state is actually used).
+        `observe=False`: the eviction is not told (a caller that may not use the answer tells it with
+        `observe_lookup` once it does: the scheduler, whose admission can still fail for KV blocks).
         """
-        self._tell("looked_up", token_ids, max_position, block_hashes)
+        if observe:
+            self.observe_lookup(token_ids, max_position, block_hashes)
         while True:
             snap = self._deepest(token_ids, max_position, block_hashes)
             if snap is None or self._read_back(snap):
                 return snap
+
+    def observe_lookup(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash]) -> None:
+        """Tell the eviction of a lookup a request acted on (shadow_best replays it on its shadows)."""
+        self._tell("looked_up", token_ids, max_position, block_hashes)
 
     def _deepest(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash]) -> Snapshot | None:
         max_position = min(max_position, len(token_ids))
