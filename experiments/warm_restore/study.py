@@ -48,8 +48,8 @@ from pathlib import Path
 
 import torch
 
-from experiments.common.flags import (add_model_flags, add_prefill_budget_flag, add_replot_flag, int_in_range,
-                                      new_parser, require_block_of_budget)
+from experiments.common.flags import (ONLINE_POLICIES, add_model_flags, add_prefill_budget_flag, add_replot_flag,
+                                      int_in_range, new_parser, policy_name, require_block_of_budget)
 from experiments.common.inputs import InputError, fail_on_input_error, read_json
 from experiments.common.outputs import (add_out_flags, beside_record, record_folder, report_written, resolve_out,
                                         writes_record)
@@ -64,7 +64,6 @@ from model.batch import SequenceChunk
 from model.engine import Engine, ModelRunner
 from model.engine.spill import FileSpill
 from model.hybrid import HybridLM
-from planner.policies.registry import POLICIES
 from planner.snapshot_tiers import GB, disk_tier
 
 CURVE_POINTS = (1, 4, 20, 64, 256, 1024, 4096, 8195)
@@ -227,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
                     prog="python -m experiments.warm_restore")
     add_out_flags(ap, RECORD)
     add_model_flags(ap)
-    ap.add_argument("--policy", default="aligned", choices=sorted(set(POLICIES) - {BASELINE}),
+    ap.add_argument("--policy", default="aligned", type=policy_name(p for p in ONLINE_POLICIES if p != BASELINE),
                     help="placement policy compared with legacy (planner.policies.registry)")
     ap.add_argument("--repeats", type=int_in_range(1), default=5,
                     help="warm requests per policy, interleaved in pairs (min, median and spread)")
