@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
 # The tensor-core variants: on sm_90 their 16-bit dots must be Hopper warpgroup MMAs (wgmma).
 WGMMA_REQUIRED = ("paged_attention/prefill/bf16/", "paged_attention/prefill/fp16/", "ssm/ssd_scan/bmm/bf16/",
                   "ssm/ssd_scan/bmm/fp16/", "ssm/ssd_scan/chunk_state/bf16/", "ssm/ssd_scan/chunk_state/fp16/",
-                  "ssm/ssd_scan/chunk_scan/bf16/", "ssm/ssd_scan/chunk_scan/fp16/")
+                  "ssm/ssd_scan/chunk_scan/bf16/", "ssm/ssd_scan/chunk_scan/fp16/",
+                  *(f"gated_delta/{stage}/{dtype}/" for stage in ("chunk_wy", "state", "output")
+                    for dtype in ("bf16", "fp16")))
 
 
 def missing_wgmma(results: list[CompileResult]) -> list[CompileResult]:
