@@ -226,14 +226,16 @@ class OursPeer:
         for r in requests:
             self.count += 1
             rid = f"r{self.count}"
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, th0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
             req = serve(self.engine, r["ids"], rid, max_new_tokens=r["max_tokens"])
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            wall, cpu, thread = time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - th0
             logits = self.engine.prompt_logits.pop(rid).float()
             lp = torch.log_softmax(logits, dim=-1)
             top = torch.topk(lp, r.get("logprobs") or TOP_LOGPROBS)
             m = req.metrics
-            out.append({"wall_s": wall, "cpu_s": cpu, "ttft_s": m.ttft_s, "tokens": list(req.output_token_ids),
+            out.append({"wall_s": wall, "cpu_s": cpu, "thread_cpu_s": thread,
+                        "threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None,
+                        "ttft_s": m.ttft_s, "tokens": list(req.output_token_ids),
                         "num_cached_tokens": m.restore_at, "kv_match_tokens": m.kv_match_tokens,
                         "recomputed_tokens": m.replayed_tokens, "prompt_len": len(r["ids"]),
                         "kv_copied_tokens": m.kv_copied_tokens, "snapshot_bytes": m.snapshot_bytes,

@@ -7,8 +7,9 @@ one `vllm.LLM` from the settings, writes FILE (ok or the error, with vLLM's reso
 settings), then serves jobs: each stdin line names a job JSON ({"requests": [{"ids", "max_tokens",
 "logprobs"}]}); it runs the requests one at a time, writes `<job>.out.json` and prints
 `PEER_DONE <job>`. A line `quit` ends it. Every failure is written as data, never raised away.
-Each request records its wall time and the process's CPU time (`cpu_s`: on a machine shared with
-other jobs the wall time also holds the time the scheduler gave them).
+Each request records its wall time, the process's CPU time (`cpu_s`: on a machine shared with
+other jobs the wall time also holds the time the scheduler gave them), the calling thread's
+(`thread_cpu_s`) and the process's thread count.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def _write(path: str, data: dict) -> None:
     with open(tmp, "w") as f:
         json.dump(data, f, default=str)
     os.replace(tmp, path)
+
+
+def _threads() -> int | None:
+    """This process's threads now (a busy helper thread would add CPU time beside the model's)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
 
 
 def _resolved(llm) -> dict:
@@ -58,14 +67,14 @@ def _resolved(llm) -> dict:
 def _run_one(llm, sampling_params_cls, req: dict) -> dict:
     params = sampling_params_cls(temperature=0.0, max_tokens=req["max_tokens"], logprobs=req.get("logprobs") or None,
                                  ignore_eos=True, detokenize=False)
-    c0, t0 = time.process_time(), time.perf_counter()
+    c0, th0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
     out = llm.generate([{"prompt_token_ids": req["ids"]}], params, use_tqdm=False)[0]
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    wall, cpu, thread = time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - th0
     comp = out.outputs[0]
     top = None
     if comp.logprobs:
         top = [[[int(t), float(lp.logprob)] for t, lp in step.items()] for step in comp.logprobs]
-    return {"wall_s": wall, "cpu_s": cpu, "tokens": list(comp.token_ids), "num_cached_tokens": out.num_cached_tokens,
+    return {"wall_s": wall, "cpu_s": cpu, "thread_cpu_s": thread, "threads": _threads(), "tokens": list(comp.token_ids), "num_cached_tokens": out.num_cached_tokens,
             "prompt_len": len(req["ids"]), "top_logprobs": top}
 
 
