@@ -1,0 +1,73 @@
+"""Speed work on the trace simulator keeps every row (issue 32, item 1: "Speed, same results").
+
+Each point of `tests/sim_digest_points.py` (ten configurations: every eviction, a 256 GB host tier,
+a 3 GB KV pool that forces retried admissions and preemptions, the optimum) is simulated on the
+first N Mooncake conversation requests and its digest (every request's record, TTFT included
+bit-exact, and every metric but wall time) compared with the one recorded before the speed work
+(commit c446d57, with the store's `observe_lookup` that its scheduler calls). Any change to any row
+fails. N is 120 by default (~30 s on one core);
+`SIM_DIGEST_LIMIT=200` or `=1000` checks the longer recorded windows (1000: ~15 min before the
+speed work). A change that is meant to change results re-records with
+`.venv/bin/python -m tests.sim_digest_points --limit 120 --limit 200 --limit 1000`, and says so.
+"""
+
+import dataclasses
+import math
+import os
+
+import pytest
+
+from experiments.traces.simulate import RequestRecord
+from tests.sim_digest_points import POINTS, digest, run_point
+
+DIGESTS = {
+    120: {
+        "vllm-align-unbounded": "1fe22d16b6576b2c574f07bf8d55132698867e35654d50626c190f67ddd61fb9",
+        "ours-plus-4gb-shadow_best": "fa1ef1f419b4cb3ce02b0c22d2787627b3a83e589d65ed3cd27cc7557b0bf3f0",
+        "ours-plus-4gb-shadow_best-kvpool3": "fc846bdc3ea43d232962fddc516749f4263da6b923105b7641bbe4da87893229",
+        "ours-plus-4gb-learned_value-host256": "476acccc9dc786feb09f8abc234aabe9eb6d5dedadda8f28f2c4452bab62b168",
+        "ours-plus-4gb-shadow_best-host256": "08f7e515574e9a551a819fc8f0dddd4fef8b94ae22538d5355029d118ed8dd33",
+        "marconi-0.25gb-seglen": "38dc014066849f7223c0d002c9fd88e3b72f85fd686417e90592c8394c0108b1",
+        "marconi-0.25gb-seglen-kvpool3": "709e8f7987b6c9b33855fe80a455c7b860a6b18a920236fd5366531f20fa6073",
+        "vllm-junction-0.25gb-flop_aware-host256": "8cd6903c35eac1eccb0ad95979f860d905bb983ef3bba71247902f8010c02aa7",
+        "trtllm-0.25gb-lru": "a34b2d4c85a86acfeae129a4e36d00f82261e40d5b83ae3e9ee6456cc033e509",
+        "optimum-4gb": "2688025aaeb4336e8b22037bd010b6a9c17c2756c036f8f8f6d8cc04dd426168",
+    },
+    200: {
+        "vllm-align-unbounded": "17d6a09bec273e810db79632630b034941ababd75eefe90535a094a382e0a5cd",
+        "ours-plus-4gb-shadow_best": "ecb791728f2e62c69d27778a452a3999f3d41614393bf42c9b5f70caa0d2634d",
+        "ours-plus-4gb-shadow_best-kvpool3": "eb4d1ae88a8e2e14d4463e3c518a02f406612615138159952e93558ae9152c87",
+        "ours-plus-4gb-learned_value-host256": "fa01da1954fa39d5ccafb589dca4faef3ceb688e80ff01184c37b69a894d2ee5",
+        "ours-plus-4gb-shadow_best-host256": "dbfefed017dec2f55c070523d8b0f2855276643419347eeb6b22d7819eeead18",
+        "marconi-0.25gb-seglen": "cd56fc23b0dcd64fc477d17778876730e33c38ecd71413ad7b2665cf57a35339",
+        "marconi-0.25gb-seglen-kvpool3": "18db2d3a1cff8b93d91bf49a999226f3895909dbc8e96ec9a2f86d7b41633caf",
+        "vllm-junction-0.25gb-flop_aware-host256": "bb81a48f962b6616d1c2d6a053535c76f8f479e1d11670290f2d9da8801e6d58",
+        "trtllm-0.25gb-lru": "96a58805ae76b101d411f86577bc410a74b8fa09219d52e32f0fad5bd517a0a9",
+        "optimum-4gb": "f52a26a23ea3b0c87580e830ebf10b8261db884659b95b0b978c9e3885b364e1",
+    },
+}
+
+LIMIT = int(os.environ.get("SIM_DIGEST_LIMIT", "120"))
+
+
+def test_every_point_has_a_digest_at_the_default_window():
+    assert set(DIGESTS[120]) == set(POINTS) == set(DIGESTS[200])
+
+
+@pytest.mark.parametrize("name", sorted(POINTS))
+def test_rows_are_unchanged(name):
+    assert LIMIT in DIGESTS, f"SIM_DIGEST_LIMIT={LIMIT}: digests are recorded for {sorted(DIGESTS)} requests"
+    if name not in DIGESTS[LIMIT]:
+        pytest.skip(f"no digest recorded for {name} at {LIMIT} requests")
+    assert digest(run_point(name, LIMIT)) == DIGESTS[LIMIT][name]
+
+
+def test_the_digest_sees_one_bit_of_one_ttft():
+    """The digest covers every record field to the last bit (a TTFT one ulp off) and every metric."""
+    rec = RequestRecord(3, 100, 48, 32, 68, 2, [64, 100], [64], 0.125, 0)
+    out = {"metrics": {"ttft_s_p50": 0.125, "wall_s": 1.0}, "records": [rec]}
+    base = digest(out)
+    assert digest(out | {"metrics": {"ttft_s_p50": 0.125, "wall_s": 2.0}}) == base  # wall time is not a result
+    assert digest(out | {"records": [dataclasses.replace(rec, ttft_s=math.nextafter(0.125, 1.0))]}) != base
+    assert digest(out | {"records": [dataclasses.replace(rec, snapshot_positions=[65])]}) != base
+    assert digest(out | {"metrics": {"ttft_s_p50": math.nextafter(0.125, 0.0), "wall_s": 1.0}}) != base
