@@ -7,8 +7,9 @@ because bf16 ran 60x slower on a CPU without AVX512-BF16). Here the routes come 
   times it faster than "mkl" (`F.linear`, torch's BLAS) by `ONEDNN_MARGIN`, else "mkl". Both are
   IEEE fp32 products (no TF32/bf16: oneDNN runs only while torch's fp32 matmul precision is
   "highest"). On the AMD EPYC (AVX-512, AVX512-BF16) of issue 35, MKL took 55 ms for a
-  (512 x 256) @ (256 x 2048) product and oneDNN 3.2 ms, one thread (MKL's AVX-512 paths are
-  Intel-only); vLLM's CPU backend runs every unquantized linear through oneDNN for that reason.
+  (512 x 256) @ (256 x 2048) product and oneDNN 3.2 ms, one thread (MKL's fastest paths are
+  known to check for an Intel CPU); vLLM's CPU backend also runs its unquantized linears through
+  oneDNN (one prepacked handle per weight).
 * `bf16_matmul`: "native" (torch's bf16 GEMM, oneDNN, fp32 accumulation) where the CPU has
   AVX512-BF16 or AMX-BF16 and torch's oneDNN says it supports bf16; "fp32_products" elsewhere (the
   upcast operands' fp32 product rounded once: 15 ms against 963 ms native on the AVX2 laptop).
@@ -21,7 +22,7 @@ because bf16 ran 60x slower on a CPU without AVX512-BF16). Here the routes come 
 * `allocator`: "reuse" (glibc keeps freed memory: no mmap per large tensor, no trim) where the
   probe finds first-touching a fresh 40 MiB tensor `PAGE_FAULT_RATIO` times slower than
   rewriting a held one; else "default". On the EPYC VM a fresh 32 MiB output cost 100 ms of page
-  faults against 2.3 ms for the `silu` that filled it.
+  faults against 2.3 ms for the `silu` that filled it (vLLM's CPU platform preloads tcmalloc).
 
 `cpu_routes()` is the one entry point: it detects, probes (~0.2 s), applies the allocator route
 and caches the result; `KERNELS_CPU_ROUTES="fp32_matmul=mkl,bf16_matmul=fp32_products"` overrides
