@@ -37,7 +37,7 @@ from planner.policies.base import PlacementPolicy, PlanContext
 from planner.policies.registry import get_policy
 from planner.prefill_plan import ChunkPlan
 from planner.prefill_state import PrefillState
-from planner.prefix_cache import PrefixCache, PrefixMatch
+from planner.prefix_cache import KVLease, PrefixCache, PrefixMatch
 from planner.request import Request, RequestStatus
 from planner.snapshot_store import Snapshot, SnapshotStore
 
@@ -138,6 +138,22 @@ class SchedulerOutput:
     def num_tokens(self) -> int:
         """Tokens of every row of the tick."""
         return sum(r.num_tokens for r in self.rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Booking:
+    """One admission attempt that got its blocks (`Scheduler._book`): the lease, the partial-block copy
+    (source id, destination id, rows) or None, the restore point, the prefill state and its first
+    chunk's plan, the policy's marks and speculative marks, and whether the store was looked up."""
+
+    lease: KVLease
+    copy: tuple[int, int, int] | None
+    restore: Snapshot | None
+    prefill: PrefillState
+    plan: ChunkPlan
+    own: frozenset[int]
+    speculative: frozenset[int]
+    looked_up: bool
 
 
 class Scheduler:
@@ -260,10 +276,10 @@ class Scheduler:
                 req.metrics.copy_fallbacks += 1
         if booked is None:
             return None, None
-        lease, copy, restore, prefill, plan, own, speculative = booked
+        lease, copy, restore, prefill, plan = booked.lease, booked.copy, booked.restore, booked.prefill, booked.plan
         # The eviction hears of the lookup once, for the admission that happened (an attempt that
         # found no blocks, or the copy's attempt before a fallback, is not a lookup the store served).
-        if lease.num_cached_tokens and cfg.ssm_snapshots:
+        if booked.looked_up:
             self.snapshots.observe_lookup(tokens, lease.num_cached_tokens, req.block_hashes)
         if copy is not None:
             copies.append(copy)
@@ -272,7 +288,7 @@ class Scheduler:
         if restore is not None:  # a snapshot in a lower tier is promoted; its transfer time is kept
             req.metrics.restore_transfer_s = self.snapshots.mark_restored(restore)
         req.lease, req.prefill, req.status = lease, prefill, RequestStatus.RUNNING
-        req.marked_positions, req.speculative_positions = frozenset(own), frozenset(speculative)
+        req.marked_positions, req.speculative_positions = booked.own, booked.speculative
         req.slot = self.free_slots.pop()
         m = req.metrics
         m.kv_match_tokens = lease.num_cached_tokens
@@ -281,14 +297,15 @@ class Scheduler:
         self.running.append(req)
         return plan, restore
 
-    def _book(self, req: Request, match: PrefixMatch, budget: int):
+    def _book(self, req: Request, match: PrefixMatch, budget: int) -> _Booking | None:
         """The lease over `match` with its first chunk's blocks allocated, the restore point, the
         prefill state, its plan and marks; None (every reference given back) when the blocks are short."""
         cfg = self.config
         tokens = req.all_token_ids
         lease, copy = self.kv.adopt_match(match)
         restore = None
-        if lease.num_cached_tokens and cfg.ssm_snapshots:
+        looked_up = bool(lease.num_cached_tokens and cfg.ssm_snapshots)
+        if looked_up:
             restore = self.snapshots.lookup(tokens, lease.num_cached_tokens, req.block_hashes, observe=False)
             lease.num_computed_tokens = restore.position if restore is not None else 0
         else:
@@ -305,7 +322,7 @@ class Scheduler:
             if copy is not None:
                 self.pool.free([match.partial])
             return None
-        return lease, copy, restore, prefill, plan, own, speculative
+        return _Booking(lease, copy, restore, prefill, plan, frozenset(own), frozenset(speculative), looked_up)
 
     def _grow_or_preempt(self, req: Request, num_tokens: int, preempted: list[Request]) -> bool:
         """Make `req`'s lease hold `num_tokens` positions, preempting newer requests if needed."""

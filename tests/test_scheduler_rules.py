@@ -267,3 +267,14 @@ def test_admission_keeps_only_marks_strictly_inside_the_prefill():
     assert req.marked_positions == {4}
     assert req.speculative_positions == {8}
     assert req.prefill.marks == (4, 8, 12)
+
+
+def test_the_scheduler_defaults_are_the_seeds_dense_serve():
+    """The brief's section 1: KV block 16, prefill_budget 8192, max_batch_size 1 (a lone request's first
+    chunk 8192 + 1); the kernel chunk (SGLang's state grid) is the SSD scan's default chunk, Bamba's 256."""
+    from model.config import HybridConfig
+    from planner.scheduler import SchedulerConfig
+
+    cfg = SchedulerConfig()
+    assert (cfg.block_size, cfg.prefill_budget, cfg.max_batch_size, cfg.tick_budget) == (16, 8192, 1, 8193)
+    assert cfg.kernel_chunk == HybridConfig().mamba_chunk_size == 256

@@ -196,3 +196,4 @@ def test_the_eviction_hears_one_lookup_per_admission():
     c = eng.add_request(p + [4, 5, 6], 2, "c")
     eng.run_until_done()
     assert c.metrics.kv_match_tokens == 18 and heard == [18]
+

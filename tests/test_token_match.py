@@ -364,3 +364,23 @@ def test_check_invariants_catches_a_misfiled_content_entry(spoil):
         pool._by_content[(ROOT, 5)] = {b.block_id: a}
     with pytest.raises(AssertionError):
         pool.check_invariants()
+
+
+def test_a_partly_written_block_is_not_published():
+    """A chunk ending inside a block (legacy's 8193, or 22 here on block 8) leaves the lease's last block
+    partly written; the prompt's hashes already name it, but publishing counts computed rows: 2 blocks,
+    not the 3 the lease holds (a later prompt would adopt rows 22-23, never written)."""
+    tokens = list(range(1, 97))
+    cache = PrefixCache(BlockPool(16), 8)
+    hashes = hash_full_blocks(tokens, 8)  # all 12 of the prompt's blocks, as admission computes them
+    lease = cache.adopt([])
+    assert cache.allocate(lease, 22) and len(lease.blocks) == 3
+    lease.advance(22)
+    cache.publish(lease, hashes, lambda a, b: tokens[a:b])
+    assert lease.num_published_blocks == 2 and cache.pool.get_cached(hashes[2]) is None
+    assert found(cache, tokens) == (2, 0, 16)
+
+
+def test_a_cache_refuses_a_block_size_under_one():
+    with pytest.raises(ValueError, match="block_size"):
+        PrefixCache(BlockPool(4), 0)
