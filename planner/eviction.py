@@ -40,14 +40,16 @@ has the same simplification for its radix-tree nodes' SSM states.
 from __future__ import annotations
 
 import collections
+import heapq
 import inspect
+import itertools
 import math
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from kernels.checks import require
-from planner.snapshot_store import EvictionPolicy, LRUEviction, Snapshot
+from planner.snapshot_store import EvictionPolicy, LRUEviction, Snapshot, TierResidents
 
 
 def _min_max(values: Sequence[float]) -> list[float]:
@@ -61,6 +63,99 @@ def _recency_plus(snapshots: Sequence[Snapshot], scores: Sequence[float], weight
     """recency + weight * score, both min-max normalized over the candidates (FLOP-aware and seglen)."""
     recency = _min_max([float(s.last_used) for s in snapshots])
     return [r + weight * g for r, g in zip(recency, _min_max(scores))]
+
+
+class _TierScores:
+    """Per store tier, the held snapshots' recency (last_used) and one score in dense arrays, kept up
+    from the store's events, so that `recency + weight * score` (both min-max normalized over a tier's
+    candidates) is a few array operations per eviction instead of Python lists over every resident.
+    The arithmetic is the lists' (float64, the same operations in the same order): the same victim
+    to the last bit (tests/test_sim_digest.py)."""
+
+    def __init__(self):
+        self._tiers: dict[int, list] = {}  # tier -> [last_used array, score array, snapshots, count]
+        self._where: dict[tuple, tuple[int, int, Snapshot]] = {}  # key -> (tier, index, snapshot)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def _columns(self, tier: int) -> list:
+        cols = self._tiers.get(tier)
+        if cols is None:
+            cols = self._tiers[tier] = [np.empty(64), np.empty(64), [], 0]
+        return cols
+
+    def add(self, snap: Snapshot, score: float) -> None:
+        cols = self._columns(snap.tier)
+        n = cols[3]
+        if n == len(cols[0]):
+            cols[0], cols[1] = np.resize(cols[0], 2 * n), np.resize(cols[1], 2 * n)
+        cols[0][n], cols[1][n] = float(snap.last_used), score
+        cols[2].append(snap)
+        cols[3] = n + 1
+        self._where[snap.key] = (snap.tier, n, snap)
+
+    def remove(self, snap: Snapshot) -> float:
+        """Drop `snap` (the last one moves into its place); returns its score."""
+        tier, i, _ = self._where.pop(snap.key)
+        cols = self._tiers[tier]
+        score = float(cols[1][i])
+        last = cols[3] - 1
+        if i != last:
+            moved = cols[2][last]
+            cols[0][i], cols[1][i], cols[2][i] = cols[0][last], cols[1][last], moved
+            self._where[moved.key] = (tier, i, moved)
+        cols[2].pop()
+        cols[3] = last
+        return score
+
+    def holds(self, snap: Snapshot) -> bool:
+        entry = self._where.get(snap.key)
+        return entry is not None and entry[2] is snap
+
+    def sync(self, snap: Snapshot) -> None:
+        """`snap`'s tier or recency changed (a demotion, promotion, restore or refresh)."""
+        tier, i, _ = self._where[snap.key]
+        if tier != snap.tier:
+            self.add(snap, self.remove(snap))
+        else:
+            self._tiers[tier][0][i] = float(snap.last_used)
+
+    def set_score(self, snap: Snapshot, score: float) -> None:
+        tier, i, _ = self._where[snap.key]
+        self._tiers[tier][1][i] = score
+
+    def lowest(self, tier: int, keep: Snapshot | None, weight: float) -> Snapshot:
+        """The candidate of `tier` but `keep` with the lowest recency + weight * score, both min-max
+        normalized (`_recency_plus`); of equals the least recently used."""
+        cols = self._tiers[tier]
+        n = cols[3]
+        recency, score = cols[0][:n], cols[1][:n]
+        entry = self._where.get(keep.key) if keep is not None else None
+        if entry is not None and entry[0] == tier and entry[2] is keep:
+            others = np.arange(n) != entry[1]
+            recency, score, index = recency[others], score[others], np.flatnonzero(others)
+        else:
+            index = None
+        require(len(recency) > 0, "snapshots", "nothing to evict")
+        utility = _min_max_array(recency) + weight * _min_max_array(score)
+        ties = np.flatnonzero(utility == utility.min())
+        best = ties[np.argmin(recency[ties])] if len(ties) > 1 else ties[0]
+        return cols[2][best if index is None else index[best]]
+
+
+def _min_max_array(values: np.ndarray) -> np.ndarray:
+    """`_min_max` over an array: the same float64 operations, element by element."""
+    lo, hi = values.min(), values.max()
+    if hi == lo:
+        return np.zeros(len(values))
+    return (values - lo) / (hi - lo)
+
+
+def _fast(policy, snapshots) -> bool:
+    """Whether `snapshots` is a store's tier that `policy`'s per-tier index covers in full (it saw
+    every snapshot the store holds); else the list path (a policy swapped into a filled store)."""
+    return isinstance(snapshots, TierResidents) and policy._tracked() == len(snapshots.store)
 
 
 def _lowest(snapshots: Sequence[Snapshot], utilities) -> Snapshot:
@@ -78,13 +173,37 @@ class FlopAwareEviction:
     def __init__(self, alpha: float = 1.0):
         require(alpha >= 0, "alpha", f"must be >= 0 (0 = LRU), got {alpha}")
         self.alpha = alpha
+        self._scores = _TierScores()  # the held snapshots' recency and FLOPs per byte, per tier
+
+    @staticmethod
+    def efficiency(snap: Snapshot) -> float:
+        return snap.flops_saved / max(snap.nbytes, 1)
 
     def utilities(self, snapshots: Sequence[Snapshot]) -> list[float]:
         """Each candidate's utility (see the module docstring); the lowest is evicted."""
-        return _recency_plus(snapshots, [s.flops_saved / max(s.nbytes, 1) for s in snapshots], self.alpha)
+        return _recency_plus(snapshots, [self.efficiency(s) for s in snapshots], self.alpha)
+
+    def _tracked(self) -> int:
+        return len(self._scores)
+
+    def saved(self, snap: Snapshot) -> None:
+        self._scores.add(snap, self.efficiency(snap))
+
+    def evicted(self, snap: Snapshot) -> None:
+        if self._scores.holds(snap):
+            self._scores.remove(snap)
+
+    def touched(self, snap: Snapshot) -> None:
+        """A restore, refresh, demotion or promotion: its recency or tier changed."""
+        if self._scores.holds(snap):
+            self._scores.sync(snap)
+
+    restored = demoted = touched
 
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
         """The lowest utility, ties broken least recently used first."""
+        if _fast(self, snapshots):
+            return self._scores.lowest(snapshots.tier, snapshots.keep, self.alpha)
         return _lowest(snapshots, self.utilities)
 
 
@@ -122,6 +241,7 @@ class SeglenEviction:
         self._children: dict[tuple | None, set] = collections.defaultdict(set)  # parent key (None: roots) -> keys
         self._held: dict[tuple, Snapshot] = {}
         self.block_size: int | None = None  # the store's, told by `bind`
+        self._scores = _TierScores()  # the held snapshots' recency and seglen, per tier
 
     def bind(self, store) -> None:
         """Called by the store that holds this policy: it reads its block size (the prefix hashes' unit)."""
@@ -139,11 +259,16 @@ class SeglenEviction:
         a_full = a.position // block_size
         if a_full and s.prefix_hashes[a_full - 1] != a.anchor:
             return False
-        return not a.tail or np.array_equal(s.prefix_tokens[a_full * block_size:a.position], a.tail)
+        return not a.tail or tuple(s.prefix_tokens[a_full * block_size:a.position]) == a.tail
 
     def _find_parent(self, s: Snapshot, block_size: int) -> Snapshot | None:
-        for full in range(s.position // block_size, -1, -1):
-            anchor = s.prefix_hashes[full - 1] if full else None
+        top = s.position // block_size
+        hashes = s.prefix_hashes
+        # the block ends whose hash anchors a held snapshot, deepest first: the probes run in C (`map`),
+        # not a Python step per block boundary (~600 a save on Mooncake's 10k-token prompts)
+        anchored = itertools.compress(range(top, 0, -1), map(self._by_anchor.__contains__, reversed(hashes[:top])))
+        for full in itertools.chain(anchored, (0,)):
+            anchor = hashes[full - 1] if full else None
             below = [a for a in self._by_anchor.get(anchor, ()) if self._is_ancestor(a, s, block_size)]
             if below:
                 return max(below, key=lambda a: a.position)
@@ -152,6 +277,9 @@ class SeglenEviction:
     def _link(self, key: tuple, parent: Snapshot | None) -> None:
         self._parent[key] = parent
         self._children[parent.key if parent is not None else None].add(key)
+        held = self._held.get(key)
+        if held is not None and self._scores.holds(held):  # its replay length changed with its parent
+            self._scores.set_score(held, float(self.seglen(held)))
 
     def saved(self, snap: Snapshot) -> None:
         require(snap.prefix_hashes is not None and snap.prefix_tokens is not None, "prefix_hashes",
@@ -166,8 +294,10 @@ class SeglenEviction:
         self._held[snap.key] = snap
         self._by_anchor[snap.anchor].append(snap)
         self._link(snap.key, parent)
+        self._scores.add(snap, float(self.seglen(snap)))
 
     def evicted(self, snap: Snapshot) -> None:
+        self._scores.remove(snap)
         parent = self._parent.pop(snap.key)
         self._children[parent.key if parent is not None else None].discard(snap.key)
         for key in self._children.pop(snap.key, set()):
@@ -186,8 +316,20 @@ class SeglenEviction:
     def utilities(self, snapshots: Sequence[Snapshot]) -> list[float]:
         return _recency_plus(snapshots, [float(self.seglen(s)) for s in snapshots], self.weight)
 
+    def _tracked(self) -> int:
+        return len(self._scores)
+
+    def touched(self, snap: Snapshot) -> None:
+        """A restore, refresh, demotion or promotion: its recency or tier changed."""
+        if self._scores.holds(snap):
+            self._scores.sync(snap)
+
+    restored = demoted = touched
+
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
         """The lowest utility, ties broken least recently used first."""
+        if _fast(self, snapshots):
+            return self._scores.lowest(snapshots.tier, snapshots.keep, self.weight)
         return _lowest(snapshots, self.utilities)
 
 
@@ -269,6 +411,13 @@ class LearnedValueEviction:
         self._level: dict[tuple, int] = {}  # restores over the key's lives
         self._ghost: collections.OrderedDict[tuple, int] = collections.OrderedDict()
         self._outcomes: dict[tuple[str, int], list[int]] = collections.defaultdict(lambda: [0, 0])
+        # per store tier, a heap of (credit, last_used, push count, snapshot) with lazy deletion: an
+        # entry is live while the snapshot is held in that tier with that credit and stamp, so its top
+        # is `min(key=credit)` over the tier in LRU order (a credit changes only on a save or restore)
+        self._heaps: dict[int, list] = collections.defaultdict(list)
+        self._held: dict[tuple, Snapshot] = {}
+        self._pushes = itertools.count()
+        self._entries = 0
 
     def _outcome(self, origin: str, restores: int) -> list[int]:
         """[restored again, evicted first] so far, for snapshots of `origin` at `restores` (3+ pooled)."""
@@ -283,20 +432,71 @@ class LearnedValueEviction:
     def _score(self, snap: Snapshot, restores: int) -> float:
         return self.inflation + self.probability(snap.origin, restores) * snap.flops_saved / max(snap.nbytes, 1)
 
+    def _tracked(self) -> int:
+        return len(self._held)
+
+    def _push(self, snap: Snapshot) -> None:
+        heapq.heappush(self._heaps[snap.tier], (self._credit[snap.key], snap.last_used, next(self._pushes), snap))
+        self._entries += 1
+        if self._entries > 2 * len(self._held) + 64:  # dead entries outnumber live: rebuild
+            self._heaps.clear()
+            for held in self._held.values():
+                self._heaps[held.tier].append((self._credit[held.key], held.last_used, next(self._pushes), held))
+            for heap in self._heaps.values():
+                heapq.heapify(heap)
+            self._entries = len(self._held)
+
+    def _live(self, entry, tier: int) -> bool:
+        credit, stamp, _, snap = entry
+        return (self._held.get(snap.key) is snap and snap.tier == tier and snap.last_used == stamp
+                and self._credit[snap.key] == credit)
+
+    def _lowest_in(self, tier: int, keep: Snapshot | None) -> Snapshot:
+        """The held snapshot of `tier` but `keep` of the lowest credit, of equals the least recently used."""
+        heap = self._heaps[tier]
+        held = []
+        try:
+            while True:
+                require(len(heap) > 0, "snapshots", "nothing to evict")
+                entry = heap[0]
+                if not self._live(entry, tier):
+                    heapq.heappop(heap)
+                    self._entries -= 1
+                elif entry[3] is keep:
+                    held.append(heapq.heappop(heap))
+                else:
+                    return entry[3]
+        finally:
+            for entry in held:
+                heapq.heappush(heap, entry)
+
     def saved(self, snap: Snapshot) -> None:
         level = self._ghost.pop(snap.key, 0)
         self._level[snap.key] = level
         self._credit[snap.key] = self._score(snap, level)
+        self._held[snap.key] = snap
+        self._push(snap)
 
     def restored(self, snap: Snapshot) -> None:
         level = self._level.get(snap.key, 0)
         self._outcome(snap.origin, level)[0] += 1
         self._level[snap.key] = level + 1
         self._credit[snap.key] = self._score(snap, level + 1)
+        if self._held.get(snap.key) is snap:
+            self._push(snap)
+
+    def touched(self, snap: Snapshot) -> None:
+        """A refresh, demotion or promotion: its recency or tier changed, its credit did not."""
+        if self._held.get(snap.key) is snap:
+            self._push(snap)
+
+    demoted = touched
 
     def evicted(self, snap: Snapshot) -> None:
         level = self._level.pop(snap.key, 0)
         self._credit.pop(snap.key, None)
+        if self._held.get(snap.key) is snap:
+            del self._held[snap.key]
         self._outcome(snap.origin, level)[1] += 1
         if self.history:
             self._ghost[snap.key] = level
@@ -314,14 +514,21 @@ class LearnedValueEviction:
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
         """The lowest credit (`min` keeps the first of equals: LRU order); inflation rises to it."""
         require(len(snapshots) > 0, "snapshots", "nothing to evict")
-        victim = min(snapshots, key=self._held_credit)
+        if _fast(self, snapshots):
+            victim = self._lowest_in(snapshots.tier, snapshots.keep)
+        else:
+            victim = min(snapshots, key=self._held_credit)
         self.inflation = max(self.inflation, self._credit[victim.key])
         return victim
 
     def admits(self, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
         """Whether a new snapshot's credit beats the lowest held one's."""
         mine = self._score(candidate, self._ghost.get(candidate.key, 0))
-        return not snapshots or mine > min(self._held_credit(s) for s in snapshots)
+        if not snapshots:
+            return True
+        if _fast(self, snapshots):
+            return mine > self._credit[self._lowest_in(snapshots.tier, snapshots.keep).key]
+        return mine > min(self._held_credit(s) for s in snapshots)
 
 
 from planner.shadow_eviction import ShadowBestEviction  # noqa: E402 (it builds the policies above)

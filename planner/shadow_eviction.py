@@ -60,7 +60,7 @@ class GatedEviction:
         self.origins = frozenset(origins)
         self.name = f"{base.name}+gate"
         self.needs_prefix = getattr(base, "needs_prefix", False)
-        for event in ("bind", "saved", "restored", "evicted", "demoted"):
+        for event in ("bind", "saved", "restored", "evicted", "demoted", "touched"):
             observer = getattr(base, event, None)
             if observer is not None:
                 setattr(self, event, observer)
@@ -189,4 +189,7 @@ class ShadowBestEviction:
 
     def demoted(self, snap: Snapshot) -> None:
         self._tell("demoted", snap)
+
+    def touched(self, snap: Snapshot) -> None:
+        self._tell("touched", snap)
 

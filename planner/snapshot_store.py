@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import itertools
 import logging
 from typing import Any, Protocol, Sequence
 
-import numpy as np
-
 from kernels.checks import require
-from planner.block_pool import BlockHash, hash_full_blocks
-from planner.snapshot_tiers import SpillEntry, SpillError, Tier
+from planner.block_pool import BlockHash
+from planner.snapshot_tiers import SpillError, Tier
 
 LOG = logging.getLogger(__name__)
 
@@ -54,10 +53,11 @@ class Snapshot:
     # eviction that asks (`needs_prefix`): seglen walks the hashes to find a snapshot's candidate
     # ancestors and compares tokens inside a block. None otherwise, so an unbounded store keeps
     # no request's list. The copy's cost at its largest (Mooncake chains, first 1,000 requests,
-    # seglen, 64 GB device + 256 GB host, ~5,100 snapshots held): peak RSS 0.86 -> 1.64 GB, and
-    # ~8% of the run's time in `np.asarray`.
+    # seglen, 64 GB device + 256 GB host, ~5,100 snapshots held): peak RSS 0.86 -> 1.64 GB; a tuple
+    # (a pointer a token, the ints shared with the request's list), made only for a snapshot the
+    # store takes: `np.asarray` of every offered prefix was 5.2 s of a 17 s point (issue 32).
     prefix_hashes: Sequence[BlockHash] | None = dataclasses.field(default=None, repr=False)
-    prefix_tokens: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    prefix_tokens: Sequence[int] | None = dataclasses.field(default=None, repr=False)
     tier: int = 0  # where it is held: 0 the device, i the store's i-th lower tier
     spilled: Any = dataclasses.field(default=None, repr=False)  # its tier's spill handle (None: not written out)
 
@@ -85,8 +85,11 @@ class EvictionPolicy(Protocol):
     # Optional: `admits(candidate, snapshots) -> bool`, asked only when a new snapshot needs an
     # eviction to fit (speculative ones included): False keeps what is held and drops the new one
     # (counted as `declined`). Without it a speculative snapshot is declined when memory is full.
-    # Optional observers: `saved(snap)`, `restored(snap)`, `evicted(snap)` (it left the store), and
-    # `demoted(snap)` (it moved one tier down), called after the fact. The same `choose_victim`
+    # Optional observers: `saved(snap)`, `restored(snap)`, `evicted(snap)` (it left the store),
+    # `demoted(snap)` (it moved one tier down) and `touched(snap)` (a refresh of a held prefix or a
+    # promotion: its recency or tier changed; what a policy's own per-tier order must follow), called
+    # after the fact. `snapshots` is a `TierResidents`: a policy may read it as the list, or keep
+    # its own order per tier and ask the tier (`store`, `tier`, `keep`). The same `choose_victim`
     # picks who leaves each tier, from that tier's snapshots.
     # Optional `needs_prefix = True`: the store keeps each snapshot's prompt block hashes
     # (`Snapshot.prefix_hashes`) for the policy to read; optional `bind(store)`, called once by the
@@ -104,6 +107,42 @@ def policy_admits(policy: EvictionPolicy, candidate: Snapshot, snapshots: Sequen
     return decide(candidate, snapshots) if decide is not None else candidate.origin != "speculative"
 
 
+class TierResidents(Sequence):
+    """The candidates a store hands its eviction: the snapshots of one tier but `keep`, least recently
+    used first. The list is built (a sort) only when a policy reads it; a policy that keeps its own
+    order per tier (LRU, learned value, FLOP-aware, seglen) asks `store`, `tier` and `keep` instead,
+    so an eviction costs O(log n) or a few array operations, not a Python sort of every resident
+    (issue 32: a 256 GB host tier holds ~4,100 of them)."""
+
+    __slots__ = ("store", "tier", "keep", "_list")
+
+    def __init__(self, store: "SnapshotStore", tier: int, keep: Snapshot | None = None):
+        self.store, self.tier, self.keep = store, tier, keep
+        self._list: list[Snapshot] | None = None
+
+    def _snapshots(self) -> list[Snapshot]:
+        if self._list is None:
+            keep = self.keep
+            self._list = [s for s in self.store._residents(self.tier) if s is not keep]
+        return self._list
+
+    def __len__(self) -> int:
+        members = self.store._members[self.tier]
+        keep = self.keep
+        return len(members) - (keep is not None and members.get(keep.key) is keep)
+
+    def __getitem__(self, i):
+        return self._snapshots()[i]
+
+    def __iter__(self):
+        return iter(self._snapshots())
+
+    def oldest(self) -> Snapshot:
+        """The least recently used candidate (the store's per-tier heap)."""
+        require(len(self) > 0, "snapshots", "nothing to evict")
+        return self.store._oldest(self.tier, self.keep)
+
+
 class LRUEviction:
     """Evict the snapshot used longest ago (the store's default)."""
 
@@ -111,7 +150,7 @@ class LRUEviction:
 
     def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
         """The least recently used snapshot."""
-        return snapshots[0]
+        return snapshots.oldest() if isinstance(snapshots, TierResidents) else snapshots[0]
 
 
 @dataclasses.dataclass
@@ -136,8 +175,6 @@ class SnapshotStats:
     promoted_bytes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     restore_transfer_s: float = 0.0  # summed transfer time of restores from lower tiers
     spill_failures: int = 0  # spilled snapshots that did not read back (dropped; the request recomputes)
-    adopted: int = 0  # found at start in the last tier's spill (an earlier process's), held there
-    adopted_dropped: int = 0  # found there but left out: over its budget (the oldest), or no prefix for `needs_prefix`
 
 
 class SnapshotStore:
@@ -172,10 +209,13 @@ class SnapshotStore:
         # key -> snapshot per tier (the device first), so that finding a tier's residents does not
         # scan every held snapshot: with a 256 GB host that scan was half a simulated run's time
         self._members: list[dict[tuple, Snapshot]] = [{} for _ in self._budgets]
+        # per tier, a heap of (last_used, push count, snapshot) with lazy deletion: an entry is live
+        # while the snapshot is held in that tier with that stamp; its top is the tier's LRU
+        self._lru_heaps: list[list] = [[] for _ in self._budgets]
+        self._pushes = itertools.count()
         self._by_anchor: dict[BlockHash | None, dict[tuple[int, ...], Snapshot]] = {}
         self._clock = itertools.count(1)
         self.stats = SnapshotStats()
-        self._adopt_spilled()
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -207,6 +247,44 @@ class SnapshotStore:
         self._members[snap.tier].pop(snap.key, None)
         snap.tier = tier
         self._members[tier][snap.key] = snap
+        self._push_lru(snap)
+
+    def _push_lru(self, snap: Snapshot) -> None:
+        """Record `snap`'s (tier, last_used) in its tier's heap; rebuilt once dead entries outnumber live."""
+        heap = self._lru_heaps[snap.tier]
+        heapq.heappush(heap, (snap.last_used, next(self._pushes), snap))
+        members = self._members[snap.tier]
+        if len(heap) > 2 * len(members) + 64:
+            heap[:] = [(s.last_used, next(self._pushes), s) for s in members.values()]
+            heapq.heapify(heap)
+
+    def _stamp(self, snap: Snapshot, now: int) -> None:
+        """`snap` used at `now`: most recently used (last in `_lru`, a new entry in its tier's heap)."""
+        snap.last_used = now
+        self._lru.move_to_end(snap.key)
+        if self._members[snap.tier].get(snap.key) is snap:
+            self._push_lru(snap)
+
+    def _live(self, entry, tier: int) -> bool:
+        stamp, _, snap = entry
+        return snap.last_used == stamp and snap.tier == tier and self._members[tier].get(snap.key) is snap
+
+    def _oldest(self, tier: int, keep: Snapshot | None) -> Snapshot:
+        """The least recently used snapshot of `tier` but `keep` (the tier's heap, dead entries dropped)."""
+        heap = self._lru_heaps[tier]
+        held = []
+        try:
+            while True:
+                entry = heap[0]
+                if not self._live(entry, tier):
+                    heapq.heappop(heap)
+                elif entry[2] is keep:
+                    held.append(heapq.heappop(heap))
+                else:
+                    return entry[2]
+        finally:
+            for entry in held:
+                heapq.heappush(heap, entry)
 
     def _over(self, tier: int, extra: int = 0) -> bool:
         budget = self._budgets[tier]
@@ -216,8 +294,7 @@ class SnapshotStore:
         """Move the policy's victims out of `tier` (down a tier, or out of the store from the last)
         until `nbytes` more fit; `keep` is never chosen."""
         while self._over(tier, nbytes):
-            candidates = [s for s in self._residents(tier) if s is not keep]
-            victim = self.eviction.choose_victim(candidates, now)
+            victim = self.eviction.choose_victim(TierResidents(self, tier, keep), now)
             self._move_down(victim, now)
 
     def _move_down(self, snap: Snapshot, now: int) -> None:
@@ -229,7 +306,7 @@ class SnapshotStore:
         tier = self.lower_tiers[below - 1]
         if tier.spill is not None:
             try:
-                snap.spilled, snap.state = tier.spill.put(snap.state, self._spill_entry(snap)), None
+                snap.spilled, snap.state = tier.spill.put(snap.state), None
             except OSError as e:  # a full or unwritable disk: the snapshot leaves instead
                 LOG.warning("snapshot at %d not spilled to %s (%s): dropped", snap.position, tier.name, e)
                 self._evict(snap)
@@ -248,6 +325,7 @@ class SnapshotStore:
         self._drop_spill(snap)
         self._bytes[snap.tier] -= snap.nbytes
         self._set_tier(snap, 0)
+        self._tell("touched", snap)
         self._make_room(0, snap.nbytes, now, keep=snap)
         self._bytes[0] += snap.nbytes
 
@@ -272,9 +350,9 @@ class SnapshotStore:
 
     def _count_duplicate(self, snap: Snapshot, now: int) -> None:
         """A save of a prefix already held: the held snapshot is refreshed (most recently used)."""
-        snap.last_used = now
-        self._lru.move_to_end(snap.key)
+        self._stamp(snap, now)
         self.stats.duplicates += 1
+        self._tell("touched", snap)
 
     def save(self, token_ids: Sequence[int], position: int, state: Any, block_hashes: Sequence[BlockHash],
              flops_saved: float = 0.0, origin: str = "chunk") -> bool:
@@ -300,16 +378,17 @@ class SnapshotStore:
             return False
         keep_prefix = getattr(self.eviction, "needs_prefix", False)
         snap = Snapshot(position, anchor, tail, state, nbytes, last_used=now, flops_saved=flops_saved, origin=origin,
-                        prefix_hashes=block_hashes if keep_prefix else None,
-                        prefix_tokens=np.asarray(token_ids[:position], dtype=np.int64) if keep_prefix else None)
+                        prefix_hashes=block_hashes if keep_prefix else None)
         full = self._over(0, nbytes)
         tier = 0
-        if full and not policy_admits(self.eviction, snap, self._residents(0)):
+        if full and not policy_admits(self.eviction, snap, TierResidents(self, 0)):
             # the device keeps what it holds; a lower tier, if any, takes the new one directly
             if not self.lower_tiers or (self._budgets[1] is not None and nbytes > self._budgets[1]):
                 self.stats.declined += 1
                 return False
             tier = 1
+        if keep_prefix:  # copied only once admitted (no admission reads it; issue 32: 9,145 offers, 1,100 taken)
+            snap.prefix_tokens = tuple(token_ids[:position])
         self._make_room(tier, nbytes, now)
         self._set_tier(snap, tier)
         self._lru[(anchor, tail)] = snap
@@ -324,55 +403,6 @@ class SnapshotStore:
             self.stats.demoted_bytes[self.lower_tiers[0].name] += nbytes
             self._tell("demoted", snap)
         return True
-
-    @staticmethod
-    def _spill_entry(snap: Snapshot) -> SpillEntry:
-        return SpillEntry(snap.position, snap.anchor, snap.tail, snap.nbytes, snap.origin, snap.flops_saved,
-                          snap.prefix_tokens)
-
-    def _adopt_spilled(self) -> None:
-        """Hold what the last tier's spill already has (`Spill.recorded`: an earlier process's spills,
-        oldest first) as that tier's residents, the newest while its budget lasts; the rest is dropped.
-        Each is told to the eviction as saved and demoted; its state is read back (checked) on use."""
-        spill = self.lower_tiers[-1].spill if self.lower_tiers else None
-        recorded = getattr(spill, "recorded", None)
-        if recorded is None:
-            return
-        tier, needs_prefix = len(self._budgets) - 1, getattr(self.eviction, "needs_prefix", False)
-        room, keep = self._budgets[-1], []
-        for entry, handle in reversed(recorded()):
-            fits = room is None or entry.nbytes <= room
-            if fits and (entry.prefix_tokens is not None or not needs_prefix):
-                keep.append((entry, handle))
-                room = None if room is None else room - entry.nbytes
-            else:
-                spill.drop(handle)
-                self.stats.adopted_dropped += 1
-        for entry, handle in reversed(keep):  # oldest first: the clock's order is the LRU order
-            tokens = entry.prefix_tokens
-            snap = Snapshot(entry.position, entry.anchor, entry.tail, None, entry.nbytes, last_used=next(self._clock),
-                            flops_saved=entry.flops_saved, origin=entry.origin, spilled=handle,
-                            prefix_hashes=hash_full_blocks(tokens, self.block_size) if needs_prefix else None,
-                            prefix_tokens=tokens if needs_prefix else None)
-            self._set_tier(snap, tier)
-            self._lru[snap.key] = snap
-            self._by_anchor.setdefault(snap.anchor, {})[snap.tail] = snap
-            self._bytes[tier] += snap.nbytes
-            self.stats.adopted += 1
-            self._tell("saved", snap)
-            self._tell("demoted", snap)
-
-    def spill_all(self) -> int:
-        """Move every held snapshot down to the last tier (a clean shutdown: what a spilling last tier
-        holds is found again by the next process), oldest first, so that a full tier's eviction
-        keeps the newest. Returns how many the last tier holds."""
-        require(bool(self.lower_tiers), "lower_tiers", "no tier to spill to")
-        now = next(self._clock)
-        for tier in range(len(self._budgets) - 1):
-            for snap in self._residents(tier):
-                if snap.key in self._members[tier]:  # not already moved out by making room
-                    self._move_down(snap, now)
-        return len(self._members[-1])
 
     def _drop_spill(self, snap: Snapshot) -> None:
         if snap.spilled is not None:
@@ -436,7 +466,10 @@ class SnapshotStore:
     def _deepest(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash]) -> Snapshot | None:
         max_position = min(max_position, len(token_ids))
         bs = self.block_size
-        for full in range(min(max_position // bs, len(block_hashes)), -1, -1):
+        top = min(max_position // bs, len(block_hashes))
+        # the block ends whose hash anchors a held snapshot, deepest first, probed in C (`map`)
+        anchored = itertools.compress(range(top, 0, -1), map(self._by_anchor.__contains__, reversed(block_hashes[:top])))
+        for full in itertools.chain(anchored, (0,)):
             bucket = self._by_anchor.get(block_hashes[full - 1] if full else None)
             if not bucket:
                 continue
@@ -455,9 +488,8 @@ class SnapshotStore:
         """Count a restore of `snap` (refreshing it); a demoted one is promoted to the device. Returns
         the seconds its transfer to the device takes (0.0 when it was on the device)."""
         now = next(self._clock)
-        snap.last_used = now
+        self._stamp(snap, now)
         snap.hits += 1
-        self._lru.move_to_end(snap.key)
         self.stats.restored += 1
         self.stats.restored_bytes += snap.nbytes
         self.stats.restored_tokens_by_origin[snap.origin] += snap.position

@@ -51,7 +51,7 @@ def test_store_keeps_prefixes_only_for_an_eviction_that_asks():
     st = store()
     snap = save(st, P, 8)
     assert list(snap.prefix_hashes[:2]) == hash_full_blocks(P, BS)[:2]
-    assert snap.prefix_tokens.tolist() == P[:8]  # its own tokens, not the request's longer list
+    assert list(snap.prefix_tokens) == P[:8]  # its own tokens, not the request's longer list
     assert st.eviction.block_size == BS
 
 

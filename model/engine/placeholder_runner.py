@@ -166,8 +166,8 @@ class PlaceholderRunner:
 
     def _run_row(self, row: SequenceChunk) -> tuple[int, list[PlaceholderState]]:
         bs, start, table, nbytes = self.block_size, row.start_pos, row.block_table, self.snapshot_nbytes
-        tokens = row.token_ids.numpy()  # a view; tensor indexing costs 6 us a call, numpy's 0.1
-        n = len(tokens)
+        ids = row.token_ids
+        n = ids.numel()
         state = PlaceholderState(0, 0, nbytes) if start == 0 else self.slots[row.state_slot]
         if state.position != start:
             raise AssertionError(f"slot {row.state_slot} holds position {state.position}, row starts at {start}")
@@ -175,8 +175,8 @@ class PlaceholderRunner:
             raise AssertionError("block table too short for the row")
         if start:
             self._check_prefix(table, start, state.hash)
-        if n == 1:  # a decode row: scalars only
-            token = int(tokens[0])
+        if n == 1:  # a decode row: scalars only (`int` of the tensor: a quarter of `.numpy()` and an index)
+            token = int(ids)
             h = _roll(state.hash, token)
             b, o = table[start // bs], start % bs
             if start < row.kv_cached_len:
@@ -187,6 +187,7 @@ class PlaceholderRunner:
             self.slots[row.state_slot] = PlaceholderState(start + 1, h, nbytes)
             self.tokens_run += 1
             return h, []
+        tokens = ids.numpy()  # a view; tensor indexing costs 6 us a call, numpy's 0.1
         hashes = prefix_hashes(state.hash, tokens)
         pos = np.arange(start, start + n)
         blocks = np.asarray(table[start // bs:(start + n - 1) // bs + 1], np.int64)[pos // bs - start // bs]
