@@ -28,8 +28,8 @@ import logging
 from typing import Any, Protocol, Sequence
 
 from kernels.checks import require
-from planner.block_pool import BlockHash
-from planner.snapshot_tiers import SpillError, Tier
+from planner.block_pool import BlockHash, hash_full_blocks
+from planner.snapshot_tiers import SpillEntry, SpillError, Tier
 
 LOG = logging.getLogger(__name__)
 
@@ -175,6 +175,8 @@ class SnapshotStats:
     promoted_bytes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     restore_transfer_s: float = 0.0  # summed transfer time of restores from lower tiers
     spill_failures: int = 0  # spilled snapshots that did not read back (dropped; the request recomputes)
+    adopted: int = 0  # found at start in the last tier's spill (an earlier process's), held there
+    adopted_dropped: int = 0  # found there but left out: over its budget (the oldest), or no prefix for `needs_prefix`
 
 
 class SnapshotStore:
@@ -216,6 +218,7 @@ class SnapshotStore:
         self._by_anchor: dict[BlockHash | None, dict[tuple[int, ...], Snapshot]] = {}
         self._clock = itertools.count(1)
         self.stats = SnapshotStats()
+        self._adopt_spilled()
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -306,7 +309,7 @@ class SnapshotStore:
         tier = self.lower_tiers[below - 1]
         if tier.spill is not None:
             try:
-                snap.spilled, snap.state = tier.spill.put(snap.state), None
+                snap.spilled, snap.state = tier.spill.put(snap.state, self._spill_entry(snap)), None
             except OSError as e:  # a full or unwritable disk: the snapshot leaves instead
                 LOG.warning("snapshot at %d not spilled to %s (%s): dropped", snap.position, tier.name, e)
                 self._evict(snap)
@@ -403,6 +406,55 @@ class SnapshotStore:
             self.stats.demoted_bytes[self.lower_tiers[0].name] += nbytes
             self._tell("demoted", snap)
         return True
+
+    @staticmethod
+    def _spill_entry(snap: Snapshot) -> SpillEntry:
+        return SpillEntry(snap.position, snap.anchor, snap.tail, snap.nbytes, snap.origin, snap.flops_saved,
+                          snap.prefix_tokens)
+
+    def _adopt_spilled(self) -> None:
+        """Hold what the last tier's spill already has (`Spill.recorded`: an earlier process's spills,
+        oldest first) as that tier's residents, the newest while its budget lasts; the rest is dropped.
+        Each is told to the eviction as saved and demoted; its state is read back (checked) on use."""
+        spill = self.lower_tiers[-1].spill if self.lower_tiers else None
+        recorded = getattr(spill, "recorded", None)
+        if recorded is None:
+            return
+        tier, needs_prefix = len(self._budgets) - 1, getattr(self.eviction, "needs_prefix", False)
+        room, keep = self._budgets[-1], []
+        for entry, handle in reversed(recorded()):
+            fits = room is None or entry.nbytes <= room
+            if fits and (entry.prefix_tokens is not None or not needs_prefix):
+                keep.append((entry, handle))
+                room = None if room is None else room - entry.nbytes
+            else:
+                spill.drop(handle)
+                self.stats.adopted_dropped += 1
+        for entry, handle in reversed(keep):  # oldest first: the clock's order is the LRU order
+            tokens = entry.prefix_tokens
+            snap = Snapshot(entry.position, entry.anchor, entry.tail, None, entry.nbytes, last_used=next(self._clock),
+                            flops_saved=entry.flops_saved, origin=entry.origin, spilled=handle,
+                            prefix_hashes=hash_full_blocks(tokens, self.block_size) if needs_prefix else None,
+                            prefix_tokens=tokens if needs_prefix else None)
+            self._set_tier(snap, tier)
+            self._lru[snap.key] = snap
+            self._by_anchor.setdefault(snap.anchor, {})[snap.tail] = snap
+            self._bytes[tier] += snap.nbytes
+            self.stats.adopted += 1
+            self._tell("saved", snap)
+            self._tell("demoted", snap)
+
+    def spill_all(self) -> int:
+        """Move every held snapshot down to the last tier (a clean shutdown: what a spilling last tier
+        holds is found again by the next process), oldest first, so that a full tier's eviction
+        keeps the newest. Returns how many the last tier holds."""
+        require(bool(self.lower_tiers), "lower_tiers", "no tier to spill to")
+        now = next(self._clock)
+        for tier in range(len(self._budgets) - 1):
+            for snap in self._residents(tier):
+                if snap.key in self._members[tier]:  # not already moved out by making room
+                    self._move_down(snap, now)
+        return len(self._members[-1])
 
     def _drop_spill(self, snap: Snapshot) -> None:
         if snap.spilled is not None:
