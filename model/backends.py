@@ -53,6 +53,8 @@ _SPECS: dict[str, BackendSpec] = {
         "write_kv_cache": ("kernels.torch_cpu.paged_attention", "write_kv_cache_cpu"),
         "paged_attention": ("kernels.torch_cpu.paged_attention", "paged_attention_cpu"),
         "kv_block_copy": ("kernels.torch_cpu.paged_attention", "copy_kv_block_prefix_cpu"),
+        "gated_delta_rule": ("kernels.torch_cpu.gated_delta", "gated_delta_rule_chunked"),
+        "gated_delta_decode_step": ("kernels.torch_cpu.gated_delta", "gated_delta_decode_step_cpu"),
     }),
     "triton": BackendSpec(ops={
         "ssd_scan": ("kernels.ssd_scan", "ssd_scan"),
@@ -62,6 +64,8 @@ _SPECS: dict[str, BackendSpec] = {
         "write_kv_cache": ("kernels.kv_cache_write", "write_kv_cache"),
         "paged_attention": ("kernels.paged_attention", "paged_attention"),
         "kv_block_copy": ("kernels.kv_block_copy", "copy_kv_block_prefix"),
+        "gated_delta_rule": ("kernels.gated_delta_rule", "gated_delta_rule"),
+        "gated_delta_decode_step": ("kernels.gated_delta_decode", "gated_delta_decode_step"),
         "plan_ssd_scan": ("kernels.ssd_scan", "plan_ssd_scan"),
         "plan_causal_conv1d": ("kernels.causal_conv1d", "plan_causal_conv1d"),
         "plan_paged_attention": ("kernels.paged_attention", "plan_from_host"),
@@ -87,6 +91,8 @@ class Backend:
     write_kv_cache: Callable  # (key, value, key_cache, value_cache, slot_mapping) -> None
     paged_attention: Callable  # (query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, *, scale[, plan]) -> out
     kv_block_copy: Callable  # (key_cache, value_cache, src_block_ids, dst_block_ids, num_rows) -> None
+    gated_delta_rule: Callable  # (q, k, v, g, beta, *, cu_seqlens, initial_states, capture_offsets) -> (o, final, captured)
+    gated_delta_decode_step: Callable  # (q, k, v, g, beta, *, state_pool, slot_idx) -> o
     # Per-step plans over host integers (`model.batch.StepPlanners`); None: the op reads its tensors.
     plan_ssd_scan: Callable | None = None  # (seqlens, offsets, chunk_size, tables) -> plan
     plan_causal_conv1d: Callable | None = None  # (seqlens, offsets, tables) -> plan

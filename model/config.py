@@ -19,17 +19,20 @@ from typing import Any
 
 from kernels.checks import require
 
-# Per-layer types. A sequence-mixer layer ("mamba", "attention") is followed by its family's
-# feed-forward (if the family has one); a feed-forward-only layer ("mlp", "moe": Nemotron-H's
-# "-" and "E") has no sequence mixer and holds no cache state.
-MIXER_LAYER_TYPES = ("mamba", "attention")
+# Per-layer types. A sequence-mixer layer ("mamba", "attention", "linear_attention": Qwen3-Next's
+# Gated DeltaNet, model.gated_deltanet) is followed by its family's feed-forward (if the family has
+# one); a feed-forward-only layer ("mlp", "moe": Nemotron-H's "-" and "E") has no sequence mixer and
+# holds no cache state. "mamba" and "linear_attention" layers hold a recurrent state (a state slot).
+MIXER_LAYER_TYPES = ("mamba", "attention", "linear_attention")
+STATE_LAYER_TYPES = ("mamba", "linear_attention")
 FEED_FORWARD_LAYER_TYPES = ("mlp", "moe")
 LAYER_TYPES = MIXER_LAYER_TYPES + FEED_FORWARD_LAYER_TYPES
 POSITION_EMBEDDINGS = ("rope", "none")
 # How router logits become top-k expert weights: "softmax_topk" (Granite, model.moe), "sigmoid_grouped_topk"
 # (Nemotron-H, DeepSeek-V3 style: sigmoid scores plus a selection-only bias, top groups, then top-k;
-# model.families.nemotron_h_moe).
-MOE_ROUTERS = ("softmax_topk", "sigmoid_grouped_topk")
+# model.families.nemotron_h_moe), "softmax_all_topk" (Qwen3-Next: softmax over every expert's logit,
+# the top-k of those probabilities, renormalized if norm_topk_prob; model.families.qwen3_next_moe).
+MOE_ROUTERS = ("softmax_topk", "sigmoid_grouped_topk", "softmax_all_topk")
 
 
 def _positive_ints(obj, names) -> None:
@@ -68,6 +71,10 @@ class MoEConfig:
         require(isinstance(self.routed_scaling_factor, (int, float)) and math.isfinite(self.routed_scaling_factor)
                 and self.routed_scaling_factor > 0, "routed_scaling_factor",
                 f"must be a positive finite number, got {self.routed_scaling_factor!r}")
+        if self.router == "softmax_all_topk":
+            require((self.n_group, self.topk_group, self.routed_scaling_factor) == (1, 1, 1.0), "router",
+                    "'softmax_all_topk' takes no n_group, topk_group or routed_scaling_factor")
+            return
         if self.router != "sigmoid_grouped_topk":
             require((self.n_group, self.topk_group, self.norm_topk_prob, self.routed_scaling_factor)
                     == (1, 1, False, 1.0), "router", f"{self.router!r} takes no n_group, topk_group, norm_topk_prob "
@@ -119,6 +126,16 @@ class HybridConfig:
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
     time_step_limit: tuple[float, float] = (0.0, math.inf)
+    # Gated DeltaNet mixer ("linear_attention" layers; defaults: transformers' Qwen3NextConfig())
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32  # a multiple of the key heads (GQA-style)
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_conv_kernel_dim: int = 4
+    # attention extras (Qwen3-Next): per-head RMSNorm of q and k before RoPE, and
+    # o_proj(attn * sigmoid(gate)) with the gate a second half of q_proj's rows per head
+    attention_qk_norm: bool = False
+    attention_output_gate: bool = False
     # sparse feed-forward (None: dense only)
     moe: MoEConfig | None = None
     # scalings (Granite's multipliers; 1.0 = none, and then no op is spent on them)
@@ -130,13 +147,21 @@ class HybridConfig:
     # RMSNorm: multiply the weight in fp32 and round once (Nemotron-H) rather than round the
     # normalized input to the model dtype first (Bamba). Same result in fp32.
     rms_norm_weight_in_fp32: bool = False
+    # RMSNorm weights stored as an offset from 1: x_normed * (1 + w) in fp32 (Qwen3-Next's every
+    # RMSNorm but the Gated DeltaNet's gated one); implies the fp32 weight product.
+    rms_norm_zero_centred: bool = False
     tie_word_embeddings: bool = False
 
     def __post_init__(self):
         _positive_ints(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                               "num_attention_heads", "num_key_value_heads", "head_dim", "mamba_n_heads",
                               "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
-                              "mamba_chunk_size"))
+                              "mamba_chunk_size", "linear_num_key_heads", "linear_num_value_heads",
+                              "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"))
+        require(self.linear_num_value_heads % self.linear_num_key_heads == 0, "linear_num_value_heads",
+                f"{self.linear_num_value_heads} must be a multiple of linear_num_key_heads={self.linear_num_key_heads}")
+        require(self.linear_conv_kernel_dim >= 2, "linear_conv_kernel_dim",
+                f"must be >= 2 (the conv state holds kernel - 1 inputs), got {self.linear_conv_kernel_dim}")
         self._normalize_layer_types()
         object.__setattr__(self, "time_step_limit", tuple(float(v) for v in self.time_step_limit))
         require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
@@ -205,6 +230,21 @@ class HybridConfig:
     @property
     def mamba_layer_indices(self) -> tuple[int, ...]:
         return tuple(i for i, kind in enumerate(self.layer_types) if kind == "mamba")
+
+    @property
+    def linear_attn_layer_indices(self) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind == "linear_attention")
+
+    @property
+    def state_layer_indices(self) -> tuple[int, ...]:
+        """Layers with a recurrent state (Mamba-2 and Gated DeltaNet), in layer order: a snapshot's order."""
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind in STATE_LAYER_TYPES)
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels through a Gated DeltaNet layer's causal conv: q, k (key heads) and v (value heads)."""
+        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
+                + self.linear_num_value_heads * self.linear_value_head_dim)
 
     # HF interop (per family: model.families) ------------------------------------------------------
     @classmethod

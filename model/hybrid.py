@@ -26,6 +26,8 @@ from model.batch import BatchOutput, SequenceChunk, StepPlanners, pack_rows, val
 from model.cache import ModelCache, SSMState
 from model.config import MIXER_LAYER_TYPES, HybridConfig
 from model.families import get_family
+from model.gated_attention import GatedAttention
+from model.gated_deltanet import GatedDeltaNet
 from model.linear import Linear
 from model.mamba2 import Mamba2Mixer, MixerStates
 from model.norms import RMSNorm
@@ -33,7 +35,7 @@ from model.rope import rope_cos_sin
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual blocks: the sequence mixer (kind "mamba" or "attention"), then the
+    """Pre-norm residual blocks: the sequence mixer (kind "mamba", "attention" or "linear_attention"), then the
     feed-forward; a feed-forward-only layer (kind None) has no mixer, and a family may give a
     mixer layer no feed-forward. Each block adds residual_multiplier * block(norm(h))."""
 
@@ -42,7 +44,7 @@ class DecoderLayer(nn.Module):
         self.kind = layer_type if layer_type in MIXER_LAYER_TYPES else None
         self.residual_multiplier = config.residual_multiplier
         # Registration order is the parameter order `init_random_weights` draws in (the seeded presets).
-        norm = (config.hidden_size, config.rms_norm_eps, config.rms_norm_weight_in_fp32)
+        norm = (config.hidden_size, config.rms_norm_eps, config.rms_norm_weight_in_fp32, config.rms_norm_zero_centred)
         if self.kind is not None:
             self.input_layernorm = RMSNorm(*norm)
         if feed_forward is not None:
@@ -51,7 +53,10 @@ class DecoderLayer(nn.Module):
         if self.kind == "mamba":
             self.mamba = Mamba2Mixer(config)
         elif self.kind == "attention":
-            self.self_attn = Attention(config)
+            gated = config.attention_output_gate or config.attention_qk_norm  # Qwen3-Next's: both or neither
+            self.self_attn = GatedAttention(config) if gated else Attention(config)
+        elif self.kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config)
 
     def _add(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return h + (out if self.residual_multiplier == 1.0 else out * self.residual_multiplier)
@@ -70,6 +75,10 @@ def check_backend_supports(config: HybridConfig, ops: Backend) -> None:
     require(ops.conv_widths is None or not config.mamba_layer_indices or config.mamba_d_conv in ops.conv_widths,
             "mamba_d_conv", f"the {ops.name} backend's conv kernels take width {list(ops.conv_widths or ())}, "
             f"got {config.mamba_d_conv}")
+    require(ops.conv_widths is None or not config.linear_attn_layer_indices
+            or config.linear_conv_kernel_dim in ops.conv_widths, "linear_conv_kernel_dim",
+            f"the {ops.name} backend's conv kernels take width {list(ops.conv_widths or ())}, "
+            f"got {config.linear_conv_kernel_dim}")
 
 
 class HybridLM(nn.Module):
@@ -88,7 +97,8 @@ class HybridLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, kind, family.feed_forward(config, i))
                                     for i, kind in enumerate(config.layer_types))
-        self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.rms_norm_weight_in_fp32)
+        self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.rms_norm_weight_in_fp32,
+                                       config.rms_norm_zero_centred)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
@@ -145,6 +155,8 @@ class HybridLM(nn.Module):
                 h = layer(h, lambda x: layer.self_attn(x, cos, sin))
             elif layer.kind == "mamba":
                 h = layer(h, lambda x: layer.mamba(x, self.ops, cu_seqlens=cu_seqlens)[0])
+            elif layer.kind == "linear_attention":
+                h = layer(h, lambda x: layer.linear_attn(x, self.ops, cu_seqlens=cu_seqlens)[0])
             else:
                 h = layer(h, None)
         return self._head(h)
@@ -178,6 +190,8 @@ class HybridLM(nn.Module):
                     x, cos, sin, cache.key_cache[i], cache.value_cache[i], batch.attention, self.ops))
             elif layer.kind == "mamba":
                 h = layer(h, lambda x: self._mamba_rows(i, layer.mamba, x, batch, cache, captured))
+            elif layer.kind == "linear_attention":
+                h = layer(h, lambda x: self._deltanet_rows(i, layer.linear_attn, x, batch, cache, captured))
             else:
                 h = layer(h, None)
 
@@ -207,6 +221,10 @@ class HybridLM(nn.Module):
                     x, cos, sin, cache.key_cache[i], cache.value_cache[i], attention, self.ops))
             elif layer.kind == "mamba":
                 h = layer(h, lambda x: layer.mamba.forward_decode(
+                    x, self.ops, conv_pool=cache.conv_pool[i], ssm_pool=cache.ssm_pool[i], slot_idx=slots,
+                    check_slots=False, pad_slots=True))
+            elif layer.kind == "linear_attention":
+                h = layer(h, lambda x: layer.linear_attn.forward_decode(
                     x, self.ops, conv_pool=cache.conv_pool[i], ssm_pool=cache.ssm_pool[i], slot_idx=slots,
                     check_slots=False, pad_slots=True))
             else:
@@ -265,9 +283,31 @@ class HybridLM(nn.Module):
                                               slot_idx=batch.decode_slots, check_slots=False))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def _deltanet_rows(self, i: int, mixer: GatedDeltaNet, x: torch.Tensor, batch, cache: ModelCache,
+                       captured: dict[int, MixerStates]) -> torch.Tensor:
+        """A Gated DeltaNet layer's rows, as `_mamba_rows`: prefill rows through the varlen conv and
+        chunked delta rule (states gathered from the pools and the finals written back), decode rows
+        through the one-token steps on the pools in place."""
+        Tp = batch.num_prefill_tokens
+        conv_pool, ssm_pool = cache.conv_pool[i], cache.ssm_pool[i]
+        parts = []
+        if batch.num_prefill_rows:
+            slots = batch.prefill_slots
+            initial = None if batch.prefill_all_fresh else MixerStates(conv_pool[slots], ssm_pool[slots])
+            y, final, caps = mixer(x[:Tp], self.ops, cu_seqlens=batch.prefill_cu_seqlens, initial=initial,
+                                   capture_offsets=batch.capture_offsets, conv_plan=batch.conv_plan)
+            conv_pool[slots] = final.conv.to(conv_pool.dtype)
+            ssm_pool[slots] = final.ssm
+            captured[i] = caps
+            parts.append(y)
+        if Tp < x.shape[0]:
+            parts.append(mixer.forward_decode(x[Tp:], self.ops, conv_pool=conv_pool, ssm_pool=ssm_pool,
+                                              slot_idx=batch.decode_slots, check_slots=False))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
     def _snapshots(self, batch, captured: dict[int, MixerStates]) -> list[list[SSMState]]:
         """Per internal row, its captured states as SSMState (captures are packed row by row)."""
-        layers = self.config.mamba_layer_indices
+        layers = self.config.state_layer_indices
         out, k = [], 0
         for r, row in enumerate(batch.rows):
             states = []

@@ -173,6 +173,9 @@ def init_random_weights(model: HybridLM, seed: int) -> HybridLM:
         else:  # a matrix: (out, in) for Linear, (vocab, hidden) for the embedding, (experts, out, in)
             std = 1.0 / math.sqrt(p.shape[-1])
             p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32) * std)
+    for module in model.modules():  # a zero-centred norm (Qwen3-Next) stores w - 1: weight 1 is 0 there
+        if getattr(module, "zero_centred", False):
+            module.weight.zero_()
     return model
 
 

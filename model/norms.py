@@ -10,17 +10,21 @@ from torch import nn
 
 class RMSNorm(nn.Module):
     """`weight_in_fp32`: weight * normalized x in fp32, rounded once to x's dtype (NemotronH);
-    otherwise the normalized x is rounded first and multiplied in the weight's dtype (Bamba)."""
+    otherwise the normalized x is rounded first and multiplied in the weight's dtype (Bamba).
+    `zero_centred` (Qwen3-Next): the stored weight is an offset from 1, x_normed * (1 + w) in fp32."""
 
-    def __init__(self, hidden_size: int, eps: float, weight_in_fp32: bool = False):
+    def __init__(self, hidden_size: int, eps: float, weight_in_fp32: bool = False, zero_centred: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(torch.zeros(hidden_size) if zero_centred else torch.ones(hidden_size))
         self.eps = eps
         self.weight_in_fp32 = weight_in_fp32
+        self.zero_centred = zero_centred
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centred:
+            return (x32 * (1.0 + self.weight.float())).to(x.dtype)
         if self.weight_in_fp32:
             return (self.weight.float() * x32).to(x.dtype)
         return self.weight * x32.to(x.dtype)

@@ -17,7 +17,7 @@ from typing import Any
 
 from kernels.checks import require
 from model.config import HybridConfig
-from model.families import bamba, granite, nemotron_h
+from model.families import bamba, granite, nemotron_h, qwen3_next
 from model.families.base import Family
 
 # The registered families, one line each.
@@ -25,6 +25,7 @@ REGISTERED: tuple[Family, ...] = (
     bamba.FAMILY,
     granite.FAMILY,
     nemotron_h.FAMILY,
+    qwen3_next.FAMILY,
 )
 
 FAMILIES: dict[str, Family] = {}  # model_type -> family

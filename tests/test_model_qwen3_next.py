@@ -1,0 +1,266 @@
+"""The Qwen3-Next family (Gated DeltaNet + gated attention + MoE with a shared expert): config
+mapping, parity with transformers' own `Qwen3NextForCausalLM`, the engine's paths, the refusals.
+
+Parity checkpoints are written by transformers itself (`save_pretrained`) from small random
+configs with every parameter re-drawn (`perturb_parameters`: transformers initializes the
+zero-centred norms to 0 and the gated norm to 1, which would hide a dropped `1 +` or a swapped
+norm), the conv weights at PyTorch's Conv1d scale (std 0.5; at 0.1 the keys leave the conv near
+zero and their l2norm multiplies fp32 rounding 20x in one layer: transformers' own fp32 forward
+then sits 1.3e-3 from its fp64 one).
+
+Tolerance, one for every fp32 logit comparison here: 5e-4 max abs, on logits of max |6 .. 7.5| over
+70 tokens. Measured on these checkpoints: ours vs transformers' fp64 forward 1.3e-4 (MoE) and
+3.0e-4 (dense), transformers' own fp32 forward vs its fp64 one 1.9e-4 and 2.0e-4, transformers'
+chunked vs recurrent fp32 delta rule 2.3e-4 and 0.8e-4: the model's fp32 conditioning, not ours.
+Any slip in the math (a norm, a split, a gate) moves logits by > 1e-2.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from model import PRESETS, HybridConfig, HybridLM, SequenceChunk, from_preset, load_pretrained, save_pretrained
+from model.engine import Engine
+from model_helpers import max_abs, one_thread, perturb_parameters, tokens  # noqa: F401  (one_thread: autouse)
+
+transformers = pytest.importorskip("transformers")
+from transformers import Qwen3NextConfig, Qwen3NextForCausalLM  # noqa: E402
+
+LOGIT_ATOL = 5e-4  # fp32 logits, max abs (see the module docstring)
+STATE_ATOL = 1e-5
+SEQ_LEN = 70  # > one 64-token delta-rule chunk, not a multiple of 16
+VOCAB = 96
+
+BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=80, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=16, linear_value_head_dim=16, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, num_experts_per_tok=2)
+CASES = {
+    "moe": dict(num_experts=4),  # DDDA, 4 experts top 2 renormalized, shared expert 48
+    # dense SwiGLU layers, attention first and last (ADDA), 4 value heads over 1 key head, rotary on half
+    "dense": dict(num_experts=0, layer_types=["full_attention", "linear_attention", "linear_attention",
+                                              "full_attention"], linear_num_key_heads=1,
+                  rope_parameters={"rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.5}),
+}
+
+PERTURB = dict(std_by_suffix={"conv1d.weight": 0.5})
+
+
+def _hf_checkpoint(tmp_path_factory, case: str):
+    torch.manual_seed(0)
+    hf = Qwen3NextForCausalLM(Qwen3NextConfig(**{**BASE, **CASES[case]})).eval()
+    perturb_parameters(hf, seed=1, **PERTURB)
+    path = tmp_path_factory.mktemp(case)
+    hf.save_pretrained(path)
+    return hf, path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    made = {}
+
+    def get(case):
+        if case not in made:
+            made[case] = _hf_checkpoint(tmp_path_factory, case)
+        return made[case]
+    return get
+
+
+def _ids(n: int = SEQ_LEN, seed: int = 2) -> torch.Tensor:
+    return tokens(n, seed, VOCAB)
+
+
+# ---- parity with transformers -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fp64_logits(checkpoints):
+    """case -> transformers' own forward in fp64 (eager experts: grouped_mm has no fp64)."""
+    made = {}
+
+    def get(case):
+        if case not in made:
+            path = checkpoints(case)[1]
+            hf64 = Qwen3NextForCausalLM.from_pretrained(path, dtype=torch.float64,
+                                                        experts_implementation="eager").eval()
+            with torch.no_grad():
+                made[case] = hf64(_ids()[None]).logits[0]
+        return made[case]
+    return get
+
+
+@pytest.mark.parametrize("case, backend", [("moe", "torch"), ("dense", "torch"), ("moe", "triton")])
+def test_fp32_logits_match_transformers(checkpoints, fp64_logits, case, backend):
+    hf, path = checkpoints(case)
+    ids = _ids()
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0]
+    model = load_pretrained(path, backend=backend, dtype=torch.float32)
+    assert model.config.layer_types == tuple("attention" if t == "full_attention" else t
+                                             for t in hf.config.layer_types)
+    got = model.logits(ids)
+    assert got.shape == expected.shape == (SEQ_LEN, VOCAB)
+    err, err64 = max_abs(got, expected), max_abs(got.double(), fp64_logits(case))
+    assert err <= LOGIT_ATOL and err64 <= LOGIT_ATOL, f"{case}/{backend}: vs fp32 {err:.3g}, vs fp64 {err64:.3g}"
+    assert expected.abs().max() > 0.1  # the comparison is not between two near-zero outputs
+
+
+def test_checkpoint_names_cover_every_tensor_transformers_writes(checkpoints):
+    from safetensors import safe_open
+
+    from model.loading import checkpoint_names
+
+    _, path = checkpoints("moe")
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        written = set(f.keys())
+    model = load_pretrained(path)
+    ours = set()
+    for source in checkpoint_names(model).values():
+        ours.update([source] if isinstance(source, str) else source)
+    assert ours == written
+
+
+def test_save_pretrained_round_trips_and_transformers_reads_it(tmp_path):
+    model = from_preset("qwen3-next-tiny", seed=3)
+    perturb_parameters(model, seed=4, **PERTURB)  # norms off their init (the preset's zero-centred ones start at 0)
+    save_pretrained(model, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen3NextForCausalLM"]
+    ids = tokens(30, 1)
+    assert torch.equal(load_pretrained(tmp_path).logits(ids), model.logits(ids))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert isinstance(theirs, Qwen3NextForCausalLM)
+    with torch.no_grad():
+        err = max_abs(model.logits(ids), theirs(ids[None]).logits[0])
+    assert err <= LOGIT_ATOL, err
+
+
+def test_zero_centred_norm_and_norm_then_gate_follow_transformers():
+    """One module each against transformers' own, weights off their init."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm, Qwen3NextRMSNormGated
+
+    from model.gated_deltanet import NormThenGateRMSNorm
+    from model.norms import RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    x, z, w = (torch.randn(5, 16, generator=g) for _ in range(3))
+    ours, theirs = RMSNorm(16, 1e-6, zero_centred=True), Qwen3NextRMSNorm(16, eps=1e-6)
+    gated, theirs_gated = NormThenGateRMSNorm(16, 1e-6), Qwen3NextRMSNormGated(16, eps=1e-6)
+    with torch.no_grad():
+        for m in (ours, theirs, gated, theirs_gated):
+            m.weight.copy_(w[0])
+        assert torch.equal(ours(x), theirs(x))
+        assert torch.equal(gated(x, z), theirs_gated(x, z))
+
+
+# ---- config mapping ---------------------------------------------------------------------------------
+
+def test_transformers_defaults_give_the_80b_preset():
+    """transformers' Qwen3NextConfig() is Qwen3-Next-80B-A3B's shapes (its docstring's checkpoint)."""
+    written = json.loads(Qwen3NextConfig().to_json_string())
+    assert HybridConfig.from_hf_dict(written) == PRESETS["qwen3-next-80b-a3b"]
+    assert HybridConfig.from_hf_dict({"model_type": "qwen3_next"}) == PRESETS["qwen3-next-80b-a3b"]
+
+
+def test_presets_round_trip_through_transformers_config():
+    for name, cfg in PRESETS.items():
+        if cfg.model_type == "qwen3_next":
+            written = json.loads(Qwen3NextConfig(**cfg.to_hf_dict()).to_json_string())
+            assert HybridConfig.from_hf_dict(written) == cfg, name
+
+
+def test_published_80b_shapes():
+    with torch.device("meta"):
+        model = HybridLM(PRESETS["qwen3-next-80b-a3b"])
+    total = sum(p.numel() for p in model.parameters())
+    assert 79e9 < total < 82e9, total  # "80B": 81.3 B with the untied 151936-row embedding and head
+    assert model.config.layer_types.count("linear_attention") == 36
+
+
+def test_legacy_interval_and_top_level_rope_fields_are_read():
+    cfg = HybridConfig.from_hf_dict({"model_type": "qwen3_next", "num_hidden_layers": 6, "full_attention_interval": 3,
+                                     "rope_theta": 1e7, "partial_rotary_factor": 0.5})
+    assert cfg.layer_types == ("linear_attention", "linear_attention", "attention") * 2
+    assert (cfg.rope_theta, cfg.partial_rotary_factor) == (1e7, 0.5)
+
+
+@pytest.mark.parametrize("field, overrides", [
+    ("mlp_only_layers", {"mlp_only_layers": [1]}),
+    ("decoder_sparse_step", {"decoder_sparse_step": 2}),
+    ("hidden_act", {"hidden_act": "gelu"}),
+    ("rope_parameters.rope_type", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}),
+    ("layer_types", {"num_hidden_layers": 2, "layer_types": ["linear_attention", "mamba"]}),
+    ("some_new_field", {"some_new_field": 1}),
+    ("linear_num_value_heads", {"linear_num_key_heads": 3, "linear_num_value_heads": 4}),
+])
+def test_unsupported_config_fails_naming_the_field(field, overrides):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        HybridConfig.from_hf_dict({"model_type": "qwen3_next", **overrides})
+
+
+# ---- the engine's paths on the tiny preset ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = from_preset("qwen3-next-tiny", seed=0)
+    perturb_parameters(model, seed=5, **PERTURB)  # norms off 0; A_log, dt_bias spread (decays 1e-7 .. 0.98 a token)
+    return model
+
+
+def test_chunked_equals_whole_with_captures(tiny):
+    """Prefill in two chunks (the second from the state the first left in the slot), capturing
+    inside, on and right after the chunk boundary; then the captures must be the states a prefill
+    that stops there leaves."""
+    model = tiny
+    cache = model.allocate_cache(8, 16, 3)
+    assert sorted(cache.ssm_pool) == [0, 1, 2] and sorted(cache.key_cache) == [3]
+    assert cache.ssm_pool[0].shape[1:] == (4, 16, 16) and cache.conv_pool[0].shape[1:] == (2 * 32 + 64, 3)
+    seq = tokens(90, 0)
+    caps = (1, 5, 16, 69)
+    out = [model.forward_batch([SequenceChunk(seq[a:b], a, [0, 1, 2, 3, 4, 5], 1, capture_offsets=c, all_logits=True)],
+                               cache) for a, b, c in ((0, 70, caps), (70, 90, ()))]
+    err = max_abs(torch.cat([o.logits[0] for o in out]), model.logits(seq))
+    assert err <= LOGIT_ATOL, err
+    for o, snap in zip(caps, out[0].captured[0]):
+        model.forward_batch([SequenceChunk(seq[:o], 0, [0, 1, 2, 3, 4, 5], 2)], cache)
+        direct = cache.read_state(2)
+        assert len(snap.ssm) == 3
+        for a, b in zip(snap.conv + snap.ssm, direct.conv + direct.ssm):
+            assert max_abs(a, b) <= STATE_ATOL, o
+
+
+def test_decode_steps_match_the_plain_forward(tiny):
+    """A prefill then one-token decode rows (two sequences in one batch) against the whole forward."""
+    model = tiny
+    cache = model.allocate_cache(16, 16, 2)
+    seqs = [tokens(40, 1), tokens(27, 2)]
+    blocks = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    model.forward_batch([SequenceChunk(s[:-5], 0, blocks[r], r) for r, s in enumerate(seqs)], cache)
+    for step in range(5):
+        rows = [SequenceChunk(s[len(s) - 5 + step:len(s) - 4 + step], len(s) - 5 + step, blocks[r], r)
+                for r, s in enumerate(seqs)]
+        out = model.forward_batch(rows, cache)
+        for r, s in enumerate(seqs):
+            expected = model.logits(s[:len(s) - 4 + step])[-1]
+            assert max_abs(out.logits[r], expected) <= LOGIT_ATOL, (step, r)
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(256) for _ in range(n)]
+
+
+def test_warm_restore_equals_cold(tiny):
+    eng = Engine.for_model(tiny, capture_mode="in_pass", keep_prompt_logits=True, block_size=4, prefill_budget=32,
+                           max_batch_size=1, num_kv_blocks=40, policy="aligned")
+    p = _prompt(70, 0)
+    cold = eng.add_request(p, 3, "cold")
+    eng.run_until_done()
+    warm = eng.add_request(p, 3, "warm")
+    eng.run_until_done()
+    assert 0 < warm.metrics.restore_at < len(p) and warm.metrics.replayed_tokens < len(p)
+    assert max_abs(eng.prompt_logits["warm"], eng.prompt_logits["cold"]) <= LOGIT_ATOL
+    assert max_abs(eng.prompt_logits["cold"], tiny.logits(torch.tensor(p))[-1]) <= LOGIT_ATOL
+    assert warm.output_token_ids == cold.output_token_ids
