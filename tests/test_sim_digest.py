@@ -5,10 +5,10 @@ a 3 GB KV pool that forces retried admissions and preemptions, the optimum) is s
 first N Mooncake conversation requests and its digest (every request's record, TTFT included
 bit-exact, and every metric but wall time) compared with the one recorded before the speed work
 (commit c446d57, with the store's `observe_lookup` that its scheduler calls). Any change to any row
-fails. N is 120 by default (~30 s on one core);
-`SIM_DIGEST_LIMIT=200` or `=1000` checks the longer recorded windows (1000: ~15 min before the
-speed work). A change that is meant to change results re-records with
-`.venv/bin/python -m tests.sim_digest_points --limit 120 --limit 200 --limit 1000`, and says so.
+fails. N is 120 by default (~30 s on one core); `SIM_DIGEST_LIMIT=200` checks every point on 200
+requests, `=1000` six of them on 1,000 (~80 s of CPU after the speed work, ~230 s before; recorded
+by `experiments.bench.simulator` on c446d57). A change that is meant to change results re-records
+with `.venv/bin/python -m tests.sim_digest_points --limit 120 --limit 200 --limit 1000`, and says so.
 """
 
 import dataclasses
@@ -44,6 +44,14 @@ DIGESTS = {
         "vllm-junction-0.25gb-flop_aware-host256": "bb81a48f962b6616d1c2d6a053535c76f8f479e1d11670290f2d9da8801e6d58",
         "trtllm-0.25gb-lru": "96a58805ae76b101d411f86577bc410a74b8fa09219d52e32f0fad5bd517a0a9",
         "optimum-4gb": "f52a26a23ea3b0c87580e830ebf10b8261db884659b95b0b978c9e3885b364e1",
+    },
+    1000: {
+        "vllm-align-unbounded": "2ed419d33a645fa01f22e21f647bd9d539b13e274d0ce8d733cb3cb321b00505",
+        "ours-plus-4gb-shadow_best": "b31f7e2ee2e36ff3d15968de9b140d09d7abe77b94258b4cfe5b0bcb68819ebf",
+        "ours-plus-4gb-shadow_best-host256": "74d678ebf989d198085a90fa5a57cef015fe675bb93da3a78d3283dd2b5704fa",
+        "ours-plus-4gb-learned_value-host256": "87df3f8d0202fd2c9dd5dc0c811b85780602def4237fcda526901264fba63877",
+        "marconi-0.25gb-seglen": "dde7420026f63823ad5169a3ebd251ab2f35068b1911dea21f502d6b51a7bbba",
+        "vllm-junction-0.25gb-flop_aware-host256": "4cd708b238c1b03f4aa74cfe9e3ac46ad6183ecea5915d82556cf6fc297c4d94",
     },
 }
 
