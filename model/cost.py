@@ -7,6 +7,10 @@ Every term is read off how `model.hybrid.HybridLM` builds its layers (a multiply
   2 G N + heads), depthwise conv taps conv_dim x d_conv, out_proj d_inner x H, where d_inner =
   heads x head dim (`HybridConfig.mamba_d_inner`; Nemotron-H's is not expand x hidden);
 * attention (`model/attention.py`): q, k, v, o = H x (q + 2 kv) + q x H, q = heads x head_dim;
+  gated attention (Qwen3-Next, `model/gated_attention.py`) doubles q_proj's rows (the output gate):
+  H x (2 q + 2 kv) + q x H;
+* Gated DeltaNet mixer (`model/gated_deltanet.py`): in_proj_qkvz H x (2 HK K + 2 HV V), in_proj_ba
+  H x 2 HV, depthwise conv taps (2 HK K + HV V) x kernel, out_proj HV V x H;
 * the feed-forward after each layer is the family's (`Family.feed_forward_cost`, in the family's
   module beside the `feed_forward` it counts): Bamba a SwiGLU (3 x H x I, `model/mlp.py`) after
   every layer; Granite-4.0-H its `shared_mlp` (fused SwiGLU, 3 x H x I) after every layer, plus,
@@ -24,7 +28,11 @@ FLOPs of a chunk of n new tokens after c cached ones (`prefill_flops`, broken do
     conv       2 x conv taps x n
     scan       per Mamba layer and token, chunk Q: 4 H P N (B^T x and C h) + Q (G N + H P) (the
                causal intra-chunk C B^T and its product with x, lower triangle of a Q x Q block:
-               the Triton kernel's tiles); `ScanKernel` describes another implementation
+               the Triton kernel's tiles); `ScanKernel` describes another implementation.
+               Plus per Gated DeltaNet layer and token, chunk L = 64 (`kernels/gated_delta_rule.py`,
+               16-bit inputs), per value head: 6 K V (w S, the state update k^T v_new, q S) +
+               L (3 K + 2 V) (lower triangles of k k^T, T (beta k), T (beta v), q k^T, (q k^T) v_new)
+               + L^2 / 3 (the forward substitution of an L x L triangle, per token)
     attention  per attention layer 4 x q width x keys, keys = n c + n (n + 1) / 2 (token c + i
                attends to c + i + 1 keys: Q K^T and P V)
     head       2 x vocab x H per logit row: once per chunk (its last token) unless told otherwise
@@ -37,8 +45,9 @@ FLOPs (attention 4% of it), at 4,096 6.66e10 (13%), at 16,368 3.69e11 (37%; 25x 
 1,024), at 32,752 1.01e12 (54%).
 
 Bytes, given the element size: a snapshot holds every Mamba layer's conv state (conv_dim x
-(d_conv - 1)) and SSM state (heads x P x N; the model keeps it fp32: `ssm_dtype_bytes`); a token's
-KV is K and V of every attention layer (2 x kv heads x head_dim).
+(d_conv - 1)) and SSM state (heads x P x N; the model keeps it fp32: `ssm_dtype_bytes`), and every
+Gated DeltaNet layer's conv state ((2 HK K + HV V) x (kernel - 1)) and delta-rule state (HV x K x V,
+fp32 too); a token's KV is K and V of every attention layer (2 x kv heads x head_dim).
 """
 
 from __future__ import annotations
@@ -70,6 +79,9 @@ class ScanKernel:
 
 
 TRITON_SCAN = ScanKernel()
+# The chunk of the Triton delta-rule scan for 16-bit inputs (kernels.gated_delta_rule.default_chunk_size;
+# not imported: the cost model never imports Triton).
+DELTA_RULE_CHUNK = 64
 
 
 class Flops(NamedTuple):
@@ -116,7 +128,16 @@ class ModelCost:
         """One attention mixer's q, k, v, o."""
         c = self.config
         kv_width = c.num_key_value_heads * c.head_dim
-        return c.hidden_size * (self.attention_width + 2 * kv_width) + self.attention_width * c.hidden_size
+        q_rows = self.attention_width * (2 if c.attention_output_gate else 1)  # the gate: q_proj's second half
+        return c.hidden_size * (q_rows + 2 * kv_width) + self.attention_width * c.hidden_size
+
+    @functools.cached_property
+    def linear_attention_params(self) -> int:
+        """One Gated DeltaNet mixer's in_proj_qkvz, in_proj_ba and out_proj (conv taps apart)."""
+        c = self.config
+        value_dim = c.linear_num_value_heads * c.linear_value_head_dim
+        qkvz = 2 * c.linear_num_key_heads * c.linear_key_head_dim + 2 * value_dim
+        return c.hidden_size * (qkvz + 2 * c.linear_num_value_heads) + value_dim * c.hidden_size
 
     def feed_forward(self, layer_index: int) -> FeedForward:
         c = self.config
@@ -124,6 +145,8 @@ class ModelCost:
 
     def _projections(self, held: bool) -> int:
         mixer = {"mamba": self.mamba_params, "attention": self.attention_params}
+        if self.linear_attention_layers:
+            mixer["linear_attention"] = self.linear_attention_params
         total = 0
         for i, kind in enumerate(self.config.layer_types):
             ff = self.feed_forward(i)
@@ -138,7 +161,8 @@ class ModelCost:
     @functools.cached_property
     def conv_taps(self) -> int:
         c = self.config
-        return self.mamba_layers * c.conv_dim * c.mamba_d_conv
+        return (self.mamba_layers * c.conv_dim * c.mamba_d_conv
+                + self.linear_attention_layers * c.linear_conv_dim * c.linear_conv_kernel_dim)
 
     @functools.cached_property
     def active_params(self) -> int:
@@ -161,6 +185,10 @@ class ModelCost:
         return len(self.config.mamba_layer_indices)
 
     @functools.cached_property
+    def linear_attention_layers(self) -> int:
+        return len(self.config.linear_attn_layer_indices)
+
+    @functools.cached_property
     def attention_layers(self) -> int:
         return len(self.config.attn_layer_indices)
 
@@ -171,12 +199,20 @@ class ModelCost:
 
     # ---------------------------------------------------------------- FLOPs
     def scan_flops_per_token(self, scan: ScanKernel = TRITON_SCAN) -> int:
-        """All Mamba layers' SSD FLOPs for one token of a full chunk."""
+        """All Mamba layers' SSD FLOPs for one token of a full chunk, plus every Gated DeltaNet
+        layer's chunked delta rule (its own chunk, `DELTA_RULE_CHUNK`: `scan` describes the SSD scan)."""
         c = self.config
         chunk = scan.chunk or c.mamba_chunk_size
         states = 4 * c.mamba_n_heads * c.mamba_d_head * c.mamba_d_state
         intra = chunk * (c.mamba_n_groups * c.mamba_d_state + c.mamba_d_inner) * (1 if scan.causal else 2)
-        return self.mamba_layers * (states + intra)
+        return self.mamba_layers * (states + intra) + self.linear_attention_layers * self._delta_rule_per_token
+
+    @functools.cached_property
+    def _delta_rule_per_token(self) -> int:
+        """One Gated DeltaNet layer's delta-rule FLOPs for one token of a full chunk (module docstring)."""
+        c, L = self.config, DELTA_RULE_CHUNK
+        K, V = c.linear_key_head_dim, c.linear_value_head_dim
+        return c.linear_num_value_heads * (6 * K * V + L * (3 * K + 2 * V) + L * L // 3)
 
     @functools.cached_property
     def head_flops(self) -> int:
@@ -218,9 +254,17 @@ class ModelCost:
         ssm = c.mamba_n_heads * c.mamba_d_head * c.mamba_d_state
         return c.conv_dim * (c.mamba_d_conv - 1) * dtype_bytes + ssm * (ssm_dtype_bytes or dtype_bytes)
 
+    def linear_attention_state_bytes_per_layer(self, dtype_bytes: int, ssm_dtype_bytes: int | None = None) -> int:
+        """One Gated DeltaNet layer's conv state (kernel - 1 inputs) and delta-rule state (HV x K x V)."""
+        c = self.config
+        state = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+        return c.linear_conv_dim * (c.linear_conv_kernel_dim - 1) * dtype_bytes + state * (ssm_dtype_bytes or dtype_bytes)
+
     def snapshot_bytes(self, dtype_bytes: int, ssm_dtype_bytes: int | None = None) -> int:
-        """One snapshot: every Mamba layer's states."""
-        return self.mamba_layers * self.state_bytes_per_layer(dtype_bytes, ssm_dtype_bytes)
+        """One snapshot: every Mamba and Gated DeltaNet layer's states."""
+        return (self.mamba_layers * self.state_bytes_per_layer(dtype_bytes, ssm_dtype_bytes)
+                + self.linear_attention_layers * self.linear_attention_state_bytes_per_layer(dtype_bytes,
+                                                                                            ssm_dtype_bytes))
 
     def kv_bytes_per_token_layer(self, dtype_bytes: int) -> int:
         return 2 * self.config.num_key_value_heads * self.config.head_dim * dtype_bytes

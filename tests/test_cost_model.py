@@ -112,7 +112,7 @@ def test_the_torch_scan_count_is_the_triton_count_padded_and_unhalved():
 
 # ---------------------------------------------------------------- parameters and bytes
 CPU_PRESETS = ("tiny", "small", "granite-tiny", "granite-dense-cpu", "granite-small-cpu", "nemotron-h-tiny",
-               "nemotron-h-small-cpu")  # every family and layer kind; the GPU shapes below by their published sizes
+               "nemotron-h-small-cpu", "qwen3-next-tiny")  # every family and layer kind; the GPU shapes below by their published sizes
 
 
 @pytest.mark.parametrize("preset", CPU_PRESETS)
@@ -152,7 +152,8 @@ def test_moe_tokens_pass_through_their_top_k_experts():
     assert nemotron.held_params - nemotron.active_params == 2 * (16 - 4) * 98_304 + 2 * 16384 * 256  # + untied head
 
 
-@pytest.mark.parametrize("preset", ("small", "granite-dense-cpu", "granite-small-cpu", "nemotron-h-small-cpu"))
+@pytest.mark.parametrize("preset", ("small", "granite-dense-cpu", "granite-small-cpu", "nemotron-h-small-cpu",
+                                    "qwen3-next-tiny"))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_snapshot_and_kv_bytes_are_the_caches(preset, dtype):
     config, size = PRESETS[preset], torch.empty((), dtype=dtype).element_size()
