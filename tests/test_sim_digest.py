@@ -79,3 +79,31 @@ def test_the_digest_sees_one_bit_of_one_ttft():
     assert digest(out | {"records": [dataclasses.replace(rec, ttft_s=math.nextafter(0.125, 1.0))]}) != base
     assert digest(out | {"records": [dataclasses.replace(rec, snapshot_positions=[65])]}) != base
     assert digest(out | {"metrics": {"ttft_s_p50": math.nextafter(0.125, 0.0), "wall_s": 1.0}}) != base
+
+
+def test_simulate_restores_the_gc_thresholds():
+    """`simulate` runs under its own GC thresholds (experiments/traces/simulate.py) and gives the
+    process back its own afterwards, whatever they were."""
+    import gc
+
+    from experiments.traces import simulate as simulate_module
+    from experiments.traces.simulate import GC_THRESHOLDS, SimConfig, simulate
+    from experiments.traces.sweep import load_requests
+
+    seen = []
+    real = simulate_module._simulate
+
+    def spy(*args):
+        seen.append(gc.get_threshold())
+        return real(*args)
+
+    before = gc.get_threshold()
+    gc.set_threshold(1234, 5, 6)
+    try:
+        simulate_module._simulate = spy
+        out = simulate(load_requests("mooncake-conversation", "chains", 3), SimConfig("vllm-align", kv_pool_gb=1.0))
+        assert gc.get_threshold() == (1234, 5, 6)
+    finally:
+        simulate_module._simulate = real
+        gc.set_threshold(*before)
+    assert seen == [GC_THRESHOLDS] and out["metrics"]["requests"] == 3
