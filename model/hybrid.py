@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from kernels.checks import require
+from kernels.torch_cpu.capability import cpu_routes
 from model.attention import Attention, PagedAttentionInputs
 from model.backends import Backend, get_backend
 from model.batch import BatchOutput, SequenceChunk, StepPlanners, pack_rows, validate_rows
@@ -93,6 +94,10 @@ class HybridLM(nn.Module):
         self.config = config
         self.ops: Backend = get_backend(backend)
         check_backend_supports(config, self.ops)
+        # The CPU routes are decided once a process, here when the first model is built: their start-up
+        # probe (0.5-0.9 s of matmuls on the 2-core EPYC) would otherwise run inside the first forward,
+        # in its TTFT and in a FLOP count (tests/test_cost_model.py counted the probe's products)
+        cpu_routes()
         family = get_family(config.model_type)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, kind, family.feed_forward(config, i))

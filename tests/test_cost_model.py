@@ -3,7 +3,7 @@ over a prefill chunk of each family's small preset on the torch backend, the par
 built model, the bytes of its cache; and the numbers quoted in `model/cost.py`'s docstring.
 
 What FlopCounterMode sees on the torch backend (CPU), and so what is compared:
-* `mm`/`addmm`: every nn.Linear / F.linear: the Mamba in/out projections, attention q/k/v/o,
+* `mm`/`addmm` (or oneDNN's `_linear_pointwise`, where `model.linear` routes fp32 there): every nn.Linear / F.linear: the Mamba in/out projections, attention q/k/v/o,
   the MLPs, routers and each expert's slice of tokens (`model.moe.sorted_expert_mlps` loops over
   experts on a CPU), and the LM head on the chunk's last token -> `Flops.matmuls + Flops.head`;
 * `bmm`: the SSD scan's four products (`kernels/torch_cpu/ssd.py`: B^T x, C h, C B^T and its
@@ -68,6 +68,18 @@ def attended_pairs_flops(query, key, value, dropout_p=0.0, is_causal=False, *arg
 attended_pairs_flops._get_raw = True  # FlopCounterMode passes the tensors, not their shapes
 
 
+def onednn_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    """The oneDNN fp32 linear (`model.linear`'s route where the start-up probe picks it,
+    kernels/torch_cpu/capability.py): x (M, K) times weight (N, K)^T, 2 M N K, as aten.mm counts it."""
+    rows = 1
+    for d in x_shape[:-1]:
+        rows *= d
+    return 2 * rows * x_shape[-1] * w_shape[0]
+
+
+ONEDNN_LINEAR = torch.ops.mkldnn._linear_pointwise
+
+
 def counted_prefill(model: HybridLM, cached: int, n: int) -> dict:
     """FlopCounterMode's counts, by op, of a chunk of n tokens after `cached` ones run first."""
     seq = tokens(cached + n, seed=1, vocab=model.config.vocab_size)
@@ -76,7 +88,8 @@ def counted_prefill(model: HybridLM, cached: int, n: int) -> dict:
     if cached:
         model.forward_batch([SequenceChunk(seq[:cached], 0, blocks, 0)], cache)
     counter = FlopCounterMode(display=False,
-                              custom_mapping={aten._scaled_dot_product_flash_attention_for_cpu: attended_pairs_flops})
+                              custom_mapping={aten._scaled_dot_product_flash_attention_for_cpu: attended_pairs_flops,
+                                              ONEDNN_LINEAR: onednn_linear_flops})
     with counter:
         model.forward_batch([SequenceChunk(seq[cached:], cached, blocks, 0)], cache)
     return counter.get_flop_counts()["Global"]
@@ -91,9 +104,10 @@ def small_model(request) -> HybridLM:
 @pytest.mark.parametrize("cached", [0, 60])
 def test_prefill_flops_match_flop_counter(small_model, cached):
     counts = counted_prefill(small_model, cached, NEW_TOKENS)
-    assert set(counts) <= {aten.mm, aten.addmm, aten.bmm, aten._scaled_dot_product_flash_attention_for_cpu}
+    assert set(counts) <= {aten.mm, aten.addmm, aten.bmm, aten._scaled_dot_product_flash_attention_for_cpu,
+                           ONEDNN_LINEAR}
     expected = ModelCost(small_model.config).prefill_flops(NEW_TOKENS, cached, scan=torch_scan_kernel())
-    linear = counts.get(aten.mm, 0) + counts.get(aten.addmm, 0)
+    linear = counts.get(aten.mm, 0) + counts.get(aten.addmm, 0) + counts.get(ONEDNN_LINEAR, 0)
     assert linear == expected.matmuls + expected.head
     assert counts[aten.bmm] == expected.scan
     assert counts[aten._scaled_dot_product_flash_attention_for_cpu] == expected.attention
