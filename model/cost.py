@@ -249,6 +249,13 @@ class ModelCost:
 
     # ---------------------------------------------------------------- bytes
     def state_bytes_per_layer(self, dtype_bytes: int, ssm_dtype_bytes: int | None = None) -> int:
+        """One recurrent layer's states, what vLLM's padded hybrid block is sized by: a Mamba layer's,
+        or, in a model whose recurrent layers are all Gated DeltaNet (Qwen3-Next), a DeltaNet layer's."""
+        if self.linear_attention_layers and not self.mamba_layers:
+            return self.linear_attention_state_bytes_per_layer(dtype_bytes, ssm_dtype_bytes)
+        return self.mamba_state_bytes_per_layer(dtype_bytes, ssm_dtype_bytes)
+
+    def mamba_state_bytes_per_layer(self, dtype_bytes: int, ssm_dtype_bytes: int | None = None) -> int:
         """One Mamba layer's conv state (d_conv - 1 inputs) and SSM state (H x P x N)."""
         c = self.config
         ssm = c.mamba_n_heads * c.mamba_d_head * c.mamba_d_state
@@ -262,7 +269,7 @@ class ModelCost:
 
     def snapshot_bytes(self, dtype_bytes: int, ssm_dtype_bytes: int | None = None) -> int:
         """One snapshot: every Mamba and Gated DeltaNet layer's states."""
-        return (self.mamba_layers * self.state_bytes_per_layer(dtype_bytes, ssm_dtype_bytes)
+        return (self.mamba_layers * self.mamba_state_bytes_per_layer(dtype_bytes, ssm_dtype_bytes)
                 + self.linear_attention_layers * self.linear_attention_state_bytes_per_layer(dtype_bytes,
                                                                                             ssm_dtype_bytes))
 

@@ -209,6 +209,7 @@ def test_cost_model_counts_the_80b_states_and_active_experts():
     per_layer = 8192 * 3 * 2 + 32 * 128 * 128 * 4
     assert qwen.linear_attention_state_bytes_per_layer(2, ssm_dtype_bytes=4) == per_layer == 2_146_304
     assert qwen.snapshot_bytes(2, ssm_dtype_bytes=4) == 36 * per_layer
+    assert qwen.state_bytes_per_layer(2, ssm_dtype_bytes=4) == per_layer  # vLLM's padded block reads this
     assert bamba.state_bytes_per_layer(2, ssm_dtype_bytes=4) == (8192 + 256) * 3 * 2 + 128 * 64 * 128 * 4
     # a token: 10 of 512 experts (3 x 2048 x 512 each) + the shared one and its gate + the router
     expert, layers = 3 * 2048 * 512, 48
@@ -350,3 +351,46 @@ def test_fixed_shape_decode_step_equals_forward_batch(tinies):
         assert max_abs(cache.ssm_pool[layer][slots], ref_cache.ssm_pool[layer][slots]) <= BUCKET_STATE_ATOL, layer
         assert max_abs(cache.conv_pool[layer][slots], ref_cache.conv_pool[layer][slots]) <= BUCKET_STATE_ATOL, layer
     assert torch.isnan(cache.ssm_pool[0][[1, 3, 5]]).all() and torch.isnan(cache.conv_pool[0][[1, 3, 5]]).all()
+
+
+def _first_seed_per_policy() -> list[int]:
+    """One fuzz workload per placement policy (the first seed from 1000 that draws it): every policy
+    with its own eviction, tiers and block sizes as the fuzz draws them."""
+    from tests.serve_fuzz import FUZZ_POLICIES, draw_workload
+
+    seeds, s = {}, 1000
+    while len(seeds) < len(FUZZ_POLICIES):
+        seeds.setdefault(draw_workload(s).policy, s)
+        s += 1
+    return sorted(seeds.values())
+
+
+RESTORED: list[int] = []  # requests that started from a restored state, per workload
+
+
+@pytest.mark.parametrize("seed", _first_seed_per_policy())
+def test_every_policy_serves_the_cold_logits(tinies, seed, tmp_path):
+    """tests/test_serve_under_pressure.py's model fuzz on this family: warm (restored DeltaNet and
+    conv states, token-granular matches, copy-on-write, tiers) == each request alone and cold."""
+    from tests.serve_fuzz import build_engine, draw_workload, serve
+
+    model, w = tinies["torch"], draw_workload(seed)
+    make = lambda **s: Engine.for_model(model, **s)  # noqa: E731
+    eng = build_engine(w, make, model.allocate_cache(1, 16, 1).state_bytes_per_slot, tmp_path)
+    reqs = serve(eng, w)
+    assert not eng.has_work
+    RESTORED.append(sum(bool(r.metrics.restore_at) for r in reqs))
+    for req, (prompt, new) in zip(reqs, w.requests):
+        cold = make(policy="aligned", block_size=16, prefill_budget=4096, max_batch_size=1, num_kv_blocks=64,
+                    enable_prefix_caching=False, keep_prompt_logits=True)
+        alone = cold.add_request(list(prompt), new, "cold")
+        cold.run_until_done()
+        assert max_abs(eng.prompt_logits[req.request_id], cold.prompt_logits["cold"]) <= LOGIT_ATOL, (w.label, req)
+        assert req.output_token_ids == alone.output_token_ids, (w.label, req.request_id)
+
+
+def test_the_policy_workloads_restore_states():
+    """The workloads above must restore DeltaNet states (else warm == cold would hold vacuously)."""
+    if len(RESTORED) < len(_first_seed_per_policy()):
+        pytest.skip("the policy workloads did not all run in this session")
+    assert sum(RESTORED) >= len(RESTORED), RESTORED
