@@ -160,6 +160,9 @@ class HybridConfig:
                               "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"))
         require(self.linear_num_value_heads % self.linear_num_key_heads == 0, "linear_num_value_heads",
                 f"{self.linear_num_value_heads} must be a multiple of linear_num_key_heads={self.linear_num_key_heads}")
+        require(self.attention_qk_norm == self.attention_output_gate, "attention_output_gate",
+                "gated attention (model.gated_attention) has both the output gate and the q/k norms, or neither; "
+                f"got attention_output_gate={self.attention_output_gate}, attention_qk_norm={self.attention_qk_norm}")
         require(self.linear_conv_kernel_dim >= 2, "linear_conv_kernel_dim",
                 f"must be >= 2 (the conv state holds kernel - 1 inputs), got {self.linear_conv_kernel_dim}")
         self._normalize_layer_types()

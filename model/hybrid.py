@@ -1,5 +1,5 @@
-"""`HybridLM`: the shared hybrid decoder (Mamba-2 mixers and GQA attention, each followed by its
-family's feed-forward, RMSNorm pre-norms) with two forwards:
+"""`HybridLM`: the shared hybrid decoder (Mamba-2 or Gated DeltaNet mixers and GQA attention, each
+followed by its family's feed-forward, RMSNorm pre-norms) with two forwards:
 
 * `logits(input_ids)`: one sequence from position 0, no cache, causal SDPA for attention and the
   varlen scan with zero initial state: the path everything else is compared with;
@@ -54,8 +54,8 @@ class DecoderLayer(nn.Module):
         if self.kind == "mamba":
             self.mamba = Mamba2Mixer(config)
         elif self.kind == "attention":
-            gated = config.attention_output_gate or config.attention_qk_norm  # Qwen3-Next's: both or neither
-            self.self_attn = GatedAttention(config) if gated else Attention(config)
+            # Qwen3-Next's gate and q/k norms (HybridConfig requires both or neither)
+            self.self_attn = GatedAttention(config) if config.attention_output_gate else Attention(config)
         elif self.kind == "linear_attention":
             self.linear_attn = GatedDeltaNet(config)
 

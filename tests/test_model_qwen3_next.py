@@ -229,6 +229,13 @@ def test_legacy_interval_and_top_level_rope_fields_are_read():
     assert (cfg.rope_theta, cfg.partial_rotary_factor) == (1e7, 0.5)
 
 
+def test_gated_attention_needs_both_its_gate_and_its_norms():
+    import dataclasses
+
+    with pytest.raises(ValueError, match="attention_output_gate"):
+        dataclasses.replace(PRESETS["qwen3-next-tiny"], attention_qk_norm=False)
+
+
 @pytest.mark.parametrize("field, overrides", [
     ("mlp_only_layers", {"mlp_only_layers": [1]}),
     ("decoder_sparse_step", {"decoder_sparse_step": 2}),
