@@ -34,7 +34,6 @@ Captured and final states are fp32. Called alone, the launcher reads `cu_seqlens
 from __future__ import annotations
 
 import itertools
-import os
 
 import torch
 import triton
@@ -44,38 +43,12 @@ from kernels.checks import require
 from kernels.contracts.gated_delta import L2NORM_EPS, GatedDeltaOutput, check_gated_delta_args
 from kernels.contracts.packed import IntTables
 from kernels.contracts.varlen import check_state_pool
+from kernels.program_grid import dot, unflatten2, unflatten3
 from kernels.ssd_scan import SSDScanPlan, plan_ssd_scan
 from kernels.variants import KernelVariant, aligned_args
 
 _EPS = tl.constexpr(L2NORM_EPS)
 
-# As in kernels/ssd_scan.py: Triton 3.9's interpreter multiplies bf16 `tl.dot` operands as raw
-# 16-bit integers; fp32 operands built from the same values give the exact products. Compiled
-# kernels never take this branch.
-_INTERPRET_DOT_FP32 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
-
-
-@triton.jit
-def _dot(a, b, DOT_PRECISION: tl.constexpr):
-    if _INTERPRET_DOT_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    else:
-        return tl.dot(a, b, input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def _unflatten2(n_fast):
-    """The flat program id as (fast index, slow index (int64)): a 1-D grid, no 65535 axis limit."""
-    pid = tl.program_id(0)
-    return pid % n_fast, (pid // n_fast).to(tl.int64)
-
-
-@triton.jit
-def _unflatten3(n_fast, n_mid):
-    """The flat program id as (fast index, middle index (int64), slow index (int64))."""
-    pid = tl.program_id(0)
-    rest = pid // n_fast
-    return pid % n_fast, (rest % n_mid).to(tl.int64), (rest // n_mid).to(tl.int64)
 
 __all__ = ["gated_delta_rule", "GatedDeltaOutput", "DEFAULT_CHUNK_SIZE", "default_chunk_size", "plan_gated_delta_rule"]
 
@@ -115,7 +88,7 @@ def _gdn_qk_prep_kernel(
 ):
     """q_out = scale * l2norm(q), k_out = l2norm(k), contiguous (T, HK, K) in q's dtype: every later
     kernel then tiles K freely (the norm needs a whole row) and reads unit strides."""
-    i_h, i_tb = _unflatten2(HK)
+    i_h, i_tb = unflatten2(HK)
     o_t = i_tb * BLOCK_T + tl.arange(0, BLOCK_T)
     o_k = tl.arange(0, BLOCK_K)
     m = (o_t[:, None] < T) & (o_k[None, :] < K)
@@ -152,7 +125,7 @@ def _gdn_chunk_wy_kernel(
     CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """g_cs, w and u of one (chunk, value head); every row of w and u is written (pads: 0)."""
-    i_h, i_c = _unflatten2(HV)
+    i_h, i_c = unflatten2(HV)
     i_kh = i_h // HEADS_PER_KEY
     bos = tl.load(chunk_start + i_c).to(tl.int64)
     n = tl.load(chunk_len + i_c)
@@ -170,7 +143,7 @@ def _gdn_chunk_wy_kernel(
     b_A = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         b_k = _load_chunk_rows(k_base, k0, n, HK, K, CHUNK, BLOCK_K)
-        b_A += _dot((b_k * b_beta[:, None]).to(dt), tl.trans(b_k), DOT_PRECISION)
+        b_A += dot((b_k * b_beta[:, None]).to(dt), tl.trans(b_k), DOT_PRECISION)
     strict = o_t[:, None] > o_t[None, :]
     # g <= 0, so the kept differences are <= 0; masking before exp keeps the others from overflowing
     b_A = b_A * tl.exp(tl.where(strict, b_gcs[:, None] - b_gcs[None, :], -float("inf")))
@@ -190,7 +163,7 @@ def _gdn_chunk_wy_kernel(
     w_base = w + (i_c * HV + i_h) * CHUNK * K
     for k0 in range(0, K, BLOCK_K):
         b_k = _load_chunk_rows(k_base, k0, n, HK, K, CHUNK, BLOCK_K)
-        b_w = _dot(b_T, (b_k * b_wscale[:, None]).to(dt), DOT_PRECISION)
+        b_w = dot(b_T, (b_k * b_wscale[:, None]).to(dt), DOT_PRECISION)
         tl.store(w_base + o_t[:, None] * K + (k0 + o_k[None, :]), b_w.to(w.dtype.element_ty),
                  mask=m_rows & ((k0 + o_k[None, :]) < K))
 
@@ -201,7 +174,7 @@ def _gdn_chunk_wy_kernel(
         m_v = (v0 + o_v) < V
         p_v = v_base + o_t[:, None] * stride_v_t + (v0 + o_v[None, :]) * stride_v_d
         b_v = tl.load(p_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_u = _dot(b_T, (b_v * b_beta[:, None]).to(dt), DOT_PRECISION)
+        b_u = dot(b_T, (b_v * b_beta[:, None]).to(dt), DOT_PRECISION)
         tl.store(u_base + o_t[:, None] * V + (v0 + o_v[None, :]), b_u.to(u.dtype.element_ty),
                  mask=m_rows & m_v[None, :])  # every row: pads hold 0
 
@@ -229,7 +202,7 @@ def _w_times_slice(w_base, b_h, k0, o_t, o_ks, K, DOT_PRECISION: tl.constexpr):
     """w[:, k0:k0+BLOCK_KS] @ S[k0:k0+BLOCK_KS]: one slice's share of w S."""
     m = (o_t[:, None] >= 0) & ((k0 + o_ks[None, :]) < K)
     b_w = tl.load(w_base + o_t[:, None] * K + (k0 + o_ks[None, :]), mask=m, other=0.0)
-    return _dot(b_w, b_h.to(b_w.dtype), DOT_PRECISION)
+    return dot(b_w, b_h.to(b_w.dtype), DOT_PRECISION)
 
 
 @triton.jit
@@ -238,7 +211,7 @@ def _update_slice(b_h, k_base, k0, n, HK, K, b_kdecay, b_chunk_decay, b_vn, CHUN
     """S[k0:k0+BLOCK_KS] after the chunk: exp(g_last) S + (k exp(g_last - g_cs))^T v_new (pads: k = 0)."""
     b_k = _load_chunk_rows(k_base, k0, n, HK, K, CHUNK, BLOCK_KS)
     b_kd = (b_k * b_kdecay[:, None]).to(b_k.dtype)
-    return b_h * b_chunk_decay + _dot(tl.trans(b_kd), b_vn, DOT_PRECISION)
+    return b_h * b_chunk_decay + dot(tl.trans(b_kd), b_vn, DOT_PRECISION)
 
 
 @triton.jit
@@ -348,7 +321,7 @@ def _gdn_output_kernel(
 ):
     """o rows of one chunk and value head, for BLOCK_V of its V columns (u holds v_new by now)."""
     n_vt = tl.cdiv(V, BLOCK_V)
-    i_v, i_h, i_c = _unflatten3(n_vt, HV)
+    i_v, i_h, i_c = unflatten3(n_vt, HV)
     i_kh = i_h // HEADS_PER_KEY
     bos = tl.load(chunk_start + i_c).to(tl.int64)
     n = tl.load(chunk_len + i_c)
@@ -371,13 +344,13 @@ def _gdn_output_kernel(
         b_k = _load_chunk_rows(k_base, k0, n, HK, K, CHUNK, BLOCK_K)
         m_kv = ((k0 + o_k[:, None]) < K) & m_v[None, :]
         b_s = tl.load(s_base + (k0 + o_k[:, None]) * V + o_v[None, :], mask=m_kv, other=0.0)
-        b_o += _dot((b_q * b_qscale[:, None]).to(dt), b_s.to(dt), DOT_PRECISION)
-        b_qk += _dot(b_q, tl.trans(b_k), DOT_PRECISION)
+        b_o += dot((b_q * b_qscale[:, None]).to(dt), b_s.to(dt), DOT_PRECISION)
+        b_qk += dot(b_q, tl.trans(b_k), DOT_PRECISION)
     causal = o_t[:, None] >= o_t[None, :]
     b_qk = b_qk * tl.exp(tl.where(causal, b_gcs[:, None] - b_gcs[None, :], -float("inf")))
     b_vn = tl.load(u + ch * CHUNK * V + o_t[:, None] * V + o_v[None, :], mask=(o_t[:, None] < CHUNK) & m_v[None, :],
                    other=0.0)
-    b_o += _dot(b_qk.to(dt), b_vn.to(dt), DOT_PRECISION)
+    b_o += dot(b_qk.to(dt), b_vn.to(dt), DOT_PRECISION)
     p_o = o + (bos * HV + i_h) * V + o_t[:, None] * (HV * V) + o_v[None, :]
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 
 import torch
 import triton
@@ -50,25 +49,13 @@ from kernels.checks import require
 from kernels.contracts.packed import IntTables, Table
 from kernels.contracts.ssd import NO_LIMIT, SSDScanOutput, check_ssd_scan_args
 from kernels.contracts.varlen import build_chunk_table, check_capture_offsets, check_host_seqlens, check_state_pool
+from kernels.program_grid import dot, unflatten2, unflatten3
 from kernels.ssd_configs import device_capability, tile_config
 from kernels.variants import KernelVariant, aligned_args
 
 __all__ = ["ssd_scan", "SSDScanOutput", "DEFAULT_CHUNK_SIZE", "SSDScanPlan", "plan_ssd_scan"]
 
 DEFAULT_CHUNK_SIZE = 256  # Bamba/Granite-4.0-H's mamba_chunk_size
-
-# Triton 3.9's interpreter multiplies bf16 `tl.dot` operands as raw 16-bit integers (1e10-sized
-# garbage); fp32 operands built from bf16 values give the same exact products, so the interpreter
-# dots in fp32. Compiled kernels never take this branch.
-_INTERPRET_DOT_FP32 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
-
-
-@triton.jit
-def _dot(a, b, DOT_PRECISION: tl.constexpr):
-    if _INTERPRET_DOT_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    else:
-        return tl.dot(a, b, input_precision=DOT_PRECISION)
 
 
 # ---- program order: the tiles of one (chunk, head) are adjacent programs -----------------------
@@ -83,21 +70,7 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr):
 # consecutive programs (512 at G=1). Stage 3's N/BLOCK_N = 2 tiles of a (chunk, head) share x
 # (537 MB at T=32K: read once instead of twice), stage 2's NT^2 tiles of a (chunk, group) share
 # C and B rows. A 1-D grid also lifts the 65535 limit of grid axes 1 and 2 off the chunk count.
-
-
-@triton.jit
-def _unflatten2(n_fast):
-    """The flat program id as (fast index, slow index (int64))."""
-    pid = tl.program_id(0)
-    return pid % n_fast, (pid // n_fast).to(tl.int64)
-
-
-@triton.jit
-def _unflatten3(n_fast, n_mid):
-    """The flat program id as (fast index, middle index (int64), slow index (int64))."""
-    pid = tl.program_id(0)
-    rest = pid // n_fast
-    return pid % n_fast, (rest % n_mid).to(tl.int64), (rest // n_mid).to(tl.int64)
+# (`kernels.program_grid.unflatten2/3` split the flat program id in that order.)
 
 
 @triton.jit
@@ -113,7 +86,7 @@ def _ssd_chunk_cumsum_kernel(
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
 ):
     n_hb = tl.cdiv(H, BLOCK_H)
-    i_hb, i_c = _unflatten2(n_hb)
+    i_hb, i_c = unflatten2(n_hb)
     bos = tl.load(chunk_start + i_c).to(tl.int64)
     n = tl.load(chunk_len + i_c)
     o_l = tl.arange(0, CHUNK)
@@ -155,7 +128,7 @@ def _ssd_bmm_kernel(
 ):
     """CB[c, g, i, j] = C_i . B_j for the lower-triangular (BLOCK_M x BLOCK_M) tiles of a chunk."""
     NT: tl.constexpr = CHUNK // BLOCK_M
-    i_mn, i_g, i_c = _unflatten3(NT * NT, G)
+    i_mn, i_g, i_c = unflatten3(NT * NT, G)
     i_m, i_n = i_mn // NT, i_mn % NT
     n = tl.load(chunk_len + i_c)
     if (i_n > i_m) | (i_m * BLOCK_M >= n):  # above the diagonal or past the chunk: never read
@@ -176,7 +149,7 @@ def _ssd_bmm_kernel(
         p_b = B_base + o_n[None, :] * stride_b_t + (k0 + o_k[:, None]) * stride_b_n
         b_c = tl.load(p_c, mask=m_m[:, None] & m_k[None, :], other=0.0)
         b_b = tl.load(p_b, mask=m_k[:, None] & m_n[None, :], other=0.0)
-        b_acc += _dot(b_c, b_b, DOT_PRECISION)
+        b_acc += dot(b_c, b_b, DOT_PRECISION)
     p_cb = CB + (i_c * G + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK + o_n[None, :]
     tl.store(p_cb, b_acc)
 
@@ -195,7 +168,7 @@ def _ssd_chunk_state_kernel(
 ):
     """chunk_states[c, h] = sum_j x_j^T (exp(dA_last - dA_j) dt'_j B_j): a (P x L) @ (L x N) product."""
     n_nt = tl.cdiv(N, BLOCK_N)
-    i_pn, i_h, i_c = _unflatten3(tl.cdiv(P, BLOCK_P) * n_nt, H)
+    i_pn, i_h, i_c = unflatten3(tl.cdiv(P, BLOCK_P) * n_nt, H)
     i_p, i_n = i_pn // n_nt, i_pn % n_nt
     i_g = i_h // HEADS_PER_GROUP
     bos = tl.load(chunk_start + i_c).to(tl.int64)
@@ -220,7 +193,7 @@ def _ssd_chunk_state_kernel(
         b_b = tl.load(p_b, mask=m_t[:, None] & m_n[None, :], other=0.0)
         b_scale = tl.exp(b_cs_last - tl.load(p_cs + o_t)) * tl.load(p_dt + o_t)  # pads: dt' = 0
         b_b = (b_b * b_scale[:, None]).to(b_x.dtype)
-        b_acc += _dot(b_x, b_b, DOT_PRECISION)
+        b_acc += dot(b_x, b_b, DOT_PRECISION)
     p_st = chunk_states + (i_c * H + i_h) * P * N + o_p[:, None] * N + o_n[None, :]
     tl.store(p_st, b_acc, mask=m_p[:, None] & m_n[None, :])
 
@@ -282,7 +255,7 @@ def _ssd_chunk_scan_kernel(
 ):
     """y rows [i_m*BLOCK_M, +BLOCK_M) of one chunk and head, for a BLOCK_P slice of P."""
     n_pt = tl.cdiv(P, BLOCK_P)
-    i_mp, i_h, i_c = _unflatten3((CHUNK // BLOCK_M) * n_pt, H)
+    i_mp, i_h, i_c = unflatten3((CHUNK // BLOCK_M) * n_pt, H)
     i_m, i_p = i_mp // n_pt, i_mp % n_pt
     n = tl.load(chunk_len + i_c)
     if i_m * BLOCK_M >= n:  # a chunk shortened by a capture cut or a sequence end
@@ -309,7 +282,7 @@ def _ssd_chunk_scan_kernel(
         p_s = S_base + o_p[None, :] * N + (n0 + o_n[:, None])
         b_c = tl.load(p_c, mask=m_m[:, None] & m_n[None, :], other=0.0)
         b_s = tl.load(p_s, mask=m_n[:, None] & m_p[None, :], other=0.0).to(b_c.dtype)
-        b_acc += _dot(b_c, b_s, DOT_PRECISION)
+        b_acc += dot(b_c, b_s, DOT_PRECISION)
     b_acc *= tl.exp(b_cs_m)[:, None]
 
     # within the chunk, up to the diagonal block: (CB * decay * dt') @ x
@@ -327,7 +300,7 @@ def _ssd_chunk_scan_kernel(
         p_xk = x_base + o_t[:, None] * stride_x_t + o_p[None, :] * stride_x_p
         b_xk = tl.load(p_xk, mask=m_t[:, None] & m_p[None, :], other=0.0)
         b_w = (b_cb * b_decay * b_dt_k[None, :]).to(b_xk.dtype)
-        b_acc += _dot(b_w, b_xk, DOT_PRECISION)
+        b_acc += dot(b_w, b_xk, DOT_PRECISION)
 
     p_xm = x_base + o_m[:, None] * stride_x_t + o_p[None, :] * stride_x_p
     m_mp = m_m[:, None] & m_p[None, :]
