@@ -382,5 +382,5 @@ def test_a_partly_written_block_is_not_published():
 
 
 def test_a_cache_refuses_a_block_size_under_one():
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(ValueError, match="^block_size: must be >= 1"):  # its own line, not the unit's
         PrefixCache(BlockPool(4), 0)
