@@ -113,6 +113,14 @@ def test_peer_ratios_by_config():
     assert pct_of(3.0, 4.0) == "75.0" and pct_of(3.0, None) == ""
 
 
+def test_a_peer_far_faster_keeps_four_significant_digits():
+    """0.0017 ms against our 3.0 ms: 0.0005667 (rounding to 4 decimals gave 0.0006, 6% off: a dry run on
+    the CPU failed its own ratio check on it)."""
+    rows = [dict(kind="d", impl="ours", ms="3.0"), dict(kind="d", impl="p", ms="0.0017")]
+    add_peer_ratios(rows, ("kind",), "ours")
+    assert rows[1]["peer_over_ours"] == 0.0005667
+
+
 def test_gate_records_a_peer_that_raises():
     def make_broken(inp, chunk):
         def run():
