@@ -407,7 +407,7 @@ def test_command_line_names_every_flag_the_run_was_given_and_only_its_scenarios(
         del raw["raw"][scenario]
     raw["config"] |= {"scenarios": ["warm_restore", "random_lengths"], "probes": False, "gen_tokens": 4,
                       "vllm_configs": ["default", "shared_prefix"], "seed": 29, "dtype": "bfloat16"}  # configs: default
-    text = rep.report(rep.shape(raw))
+    text = rep.report(rep.shape(raw), pv.parser())
     assert ("`python -m experiments.peer_vllm --our-policy ours-plus --prompt-len 1000 --repeats 2 --random-count 2 "
             "--mooncake-sessions 1 --sharegpt-conversations 1 --dtype bfloat16 --seed 29 "
             "--scenarios warm_restore,random_lengths --gen-tokens 4 --random-min 600 --random-max 1000 "

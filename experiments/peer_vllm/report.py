@@ -11,6 +11,7 @@ configuration is also under "vllm"."configs". The goals (`goals`, issue 21 item 
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from pathlib import Path
 
@@ -280,10 +281,10 @@ def shape(raw: dict) -> dict:
         "goals_by_vllm_config": by_config, "raw": raw["raw"]}
 
 
-def write_all(result: dict, out: Path) -> None:
-    """peer_vllm.png and README.md from the JSON."""
+def write_all(result: dict, out: Path, flags: argparse.ArgumentParser | None = None) -> None:
+    """peer_vllm.png and README.md from the JSON (`flags`: the study's parser, for the command line)."""
     plot(result, out / "peer_vllm.png")
-    write_text(out / "README.md", report(result))
+    write_text(out / "README.md", report(result, flags))
 
 
 
@@ -550,10 +551,10 @@ def _probe_rows(result: dict) -> list[str]:
     return rows
 
 
-def _command_flags(result: dict) -> str:
-    """The flags of the run: the record's usual ones, then every other flag whose recorded value is
-    not the study's default (seed, dtype, model, threads, configurations, scenarios, ...)."""
-    from experiments.peer_vllm.study import parser  # here: study imports this module
+def _command_flags(result: dict, flags: argparse.ArgumentParser | None) -> str:
+    """The flags of the run: the record's usual ones, then every other flag of `flags` (the study's
+    parser, handed in: the study imports this module) whose recorded value is not its default (seed,
+    dtype, model, threads, configurations, scenarios, ...); without a parser the usual ones only."""
 
     cfg = result["config"]
     text = (f"--our-policy {our_policy(result)} --prompt-len {cfg['prompt_len']} --repeats {cfg['repeats']} "
@@ -561,7 +562,7 @@ def _command_flags(result: dict) -> str:
             f"--sharegpt-conversations {cfg.get('sharegpt_conversations')}")
     shown = {"our_policy", "prompt_len", "repeats", "random_count", "mooncake_sessions", "sharegpt_conversations",
              "out", "publish", "replot", "vllm_python", "checkpoint_dir"}
-    for action in parser()._actions:
+    for action in (flags._actions if flags is not None else ()):
         name, default = action.dest, action.default
         if name in shown or name not in cfg or not action.option_strings:
             continue
@@ -608,13 +609,13 @@ def _cpu_time_section(systems: dict) -> list[str]:
     return out
 
 
-def _header_lines(result: dict) -> list[str]:
+def _header_lines(result: dict, flags: argparse.ArgumentParser | None) -> list[str]:
     """Title, command, device and versions, machine load, checkpoint, and how requests are served."""
     cfg, env, v = result["config"], result["environment"], result["systems"]["vllm"]
     load = result.get("machine_load", {})
     return [
         "# Side by side with vLLM: the same checkpoint, token ids, dtype and threads", "",
-        f"Command: `python -m experiments.peer_vllm {_command_flags(result)}` (vLLM run by `{cfg['vllm_python']}`)  ",
+        f"Command: `python -m experiments.peer_vllm {_command_flags(result, flags)}` (vLLM run by `{cfg['vllm_python']}`)  ",
         f"Ours: policy `{our_policy(result)}`, capture in the pass; as it ran: "
         f"`{(result.get('effective_settings') or {}).get(our_policy(result))}`.  ",
         f"Device: {env['device_name']}; ours: torch {env['torch']}, Python {env['python']}; vLLM {v['version']} "
@@ -720,10 +721,11 @@ def _probe_and_dtype_sections(result: dict) -> list[str]:
     return lines
 
 
-def report(result: dict) -> str:
-    """README.md: every table and the settings, from the JSON."""
+def report(result: dict, flags: argparse.ArgumentParser | None = None) -> str:
+    """README.md: every table and the settings, from the JSON (`flags`: the study's parser, whose
+    non-default values the command line names)."""
     systems = series(result)
-    lines = [*_header_lines(result), *_scenario_sections(result, systems), *_cpu_time_section(systems),
+    lines = [*_header_lines(result, flags), *_scenario_sections(result, systems), *_cpu_time_section(systems),
              *_agreement_and_goal_sections(result),
              *_state_memory_section(result, systems), *_vllm_settings_section(result["systems"]["vllm"]),
              *_probe_and_dtype_sections(result)]

@@ -558,7 +558,7 @@ def read_result(path: Path) -> dict:
 
 def write_report(result: dict, out: Path, path: Path) -> list[Path]:
     try:
-        peer_vllm_report.write_all(result, out)
+        peer_vllm_report.write_all(result, out, parser())
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise InputError(f"{path}: not a peer_vllm result ({type(err).__name__}: {err})") from None
     return [out / "peer_vllm.png", out / "README.md"]

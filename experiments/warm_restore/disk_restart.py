@@ -32,10 +32,25 @@ import torch
 
 from experiments.common.flags import add_model_flags, add_prefill_budget_flag, int_in_range, new_parser
 from experiments.common.results_io import log
-from experiments.common.runs import build_model, max_abs_diff, random_prompt, serve, set_threads
+from experiments.common.runs import build_model, dense_serve, max_abs_diff, random_prompt, serve, set_threads
+from model.engine import Engine
+from model.engine.spill import FileSpill
+from model.hybrid import HybridLM
+from planner.snapshot_tiers import GB, disk_tier
 
 COLD_LOGITS = "cold_logits.pt"
 RESULT = "disk_restart.json"
+
+
+def disk_engine(model: HybridLM, policy: str, args, folder: Path) -> Engine:
+    """The study's engine (`study.policy_engine`'s settings) with a disk tier over `folder` (a
+    `FileSpill`) below a device budget of a snapshot at every position, so the headline never spills:
+    the same plans and restores. Both processes build it here (the study imports this module)."""
+    budget = model.allocate_cache(1, args.block_size, 1).state_bytes_per_slot * (args.prompt_len + 1)
+    settings = dense_serve(args.block_size, args.prefill_budget, [args.prompt_len], policy, args.interval)
+    return Engine.for_model(model, capture_mode="in_pass", keep_prompt_logits=True, snapshot_byte_budget=budget,
+                            snapshot_lower_tiers=(disk_tier(budget / GB, spill=FileSpill(folder, args.device)),),
+                            **settings)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,8 +69,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from experiments.warm_restore.study import disk_engine  # the first process's engine settings
-
     args = parser().parse_args(argv)
     started = time.perf_counter()
     set_threads(args.threads)

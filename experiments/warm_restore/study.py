@@ -59,12 +59,11 @@ from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, build_model_or_ex
                               machine_load, max_abs_diff, model_summary, random_prompt, serve,
                               set_threads, warm_record, warm_up)
 from experiments.warm_restore import disk_restart as restart
+from experiments.warm_restore.disk_restart import disk_engine
 from experiments.warm_restore.report import BASELINE, compared, plot, ratio_key, report
 from model.batch import SequenceChunk
 from model.engine import Engine, ModelRunner
-from model.engine.spill import FileSpill
 from model.hybrid import HybridLM
-from planner.snapshot_tiers import GB, disk_tier
 
 CURVE_POINTS = (1, 4, 20, 64, 256, 1024, 4096, 8195)
 
@@ -75,16 +74,6 @@ def policy_engine(model: HybridLM, policy: str, args) -> Engine:
     policy's engine defaults (its KV block, decode states, eviction) applied by `Engine.for_model`."""
     settings = dense_serve(args.block_size, args.prefill_budget, [args.prompt_len], policy, args.interval)
     return Engine.for_model(model, capture_mode="in_pass", keep_prompt_logits=True, **settings)
-
-
-def disk_engine(model: HybridLM, policy: str, args, folder: Path) -> Engine:
-    """`policy_engine` with a disk tier over `folder` (a `FileSpill`) below a device budget of a
-    snapshot at every position, so the headline never spills: the same plans and restores."""
-    budget = model.allocate_cache(1, args.block_size, 1).state_bytes_per_slot * (args.prompt_len + 1)
-    settings = dense_serve(args.block_size, args.prefill_budget, [args.prompt_len], policy, args.interval)
-    return Engine.for_model(model, capture_mode="in_pass", keep_prompt_logits=True, snapshot_byte_budget=budget,
-                            snapshot_lower_tiers=(disk_tier(budget / GB, spill=FileSpill(folder, args.device)),),
-                            **settings)
 
 
 def policy_result(engine: Engine, cold, warms: list) -> dict:
