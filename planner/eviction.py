@@ -1,10 +1,8 @@
-"""Snapshot eviction policies by name (`get_eviction`), FLOP-aware eviction (Marconi-style),
-learned-value eviction (GreedyDual over FLOPs spared x a restore chance learned online), seglen
-(SGLang's), and Belady's MIN for the offline optimum. Ours-plus's own, `shadow_best` (the best of
-four of these rules on shadow stores), is in `planner.shadow_eviction`.
-
-`EVICTION_POLICIES` maps a name to a policy class, the same shape as the chunk policies'
-`planner.policies.registry.POLICIES`: `get_eviction("flop_aware", alpha=0.5)`.
+"""Snapshot eviction policies: FLOP-aware eviction (Marconi-style), learned-value eviction
+(GreedyDual over FLOPs spared x a restore chance learned online), seglen (SGLang's), and Belady's MIN
+for the offline optimum. Ours-plus's own, `shadow_best` (the best of four of these rules on shadow
+stores), is in `planner.shadow_eviction`; every one by name is in `planner.eviction_registry`
+(`EVICTION_POLICIES`, `get_eviction("flop_aware", alpha=0.5)`).
 
 LRU (`planner.snapshot_store.LRUEviction`) drops the snapshot used longest ago. In a hybrid
 model that is a poor proxy for value: every snapshot of one model has the same size (preset
@@ -41,7 +39,6 @@ from __future__ import annotations
 
 import collections
 import heapq
-import inspect
 import itertools
 import math
 from typing import Iterable, Mapping, Sequence
@@ -49,7 +46,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from kernels.checks import require
-from planner.snapshot_store import EvictionPolicy, LRUEviction, Snapshot, TierResidents
+from planner.snapshot_store import LRUEviction, Snapshot, TierResidents
 
 
 def _min_max(values: Sequence[float]) -> list[float]:
@@ -529,24 +526,3 @@ class LearnedValueEviction:
         if _fast(self, snapshots):
             return mine > self._credit[self._lowest_in(snapshots.tier, snapshots.keep).key]
         return mine > min(self._held_credit(s) for s in snapshots)
-
-
-from planner.shadow_eviction import ShadowBestEviction  # noqa: E402 (it builds the policies above)
-
-EVICTION_POLICIES: dict[str, type] = {cls.name: cls for cls in (LRUEviction, FlopAwareEviction, LearnedValueEviction,
-                                                                 SeglenEviction, ShadowBestEviction)}
-
-
-def get_eviction(policy: EvictionPolicy | str, **params) -> EvictionPolicy:
-    """A fresh eviction policy named `policy`, built with `params` (a policy object is returned as
-    is): the one place an eviction name is resolved. Unknown names or parameters raise naming them."""
-    if not isinstance(policy, str):
-        require(not params, "params", f"given with a policy object, not a name: {sorted(params)}")
-        return policy
-    require(policy in EVICTION_POLICIES, "eviction", f"must be one of {sorted(EVICTION_POLICIES)}, got {policy!r}")
-    cls = EVICTION_POLICIES[policy]
-    accepted = sorted(inspect.signature(cls).parameters)
-    for name in params:
-        require(name in accepted, name,
-                f"not a parameter of eviction policy {policy!r} (it takes {accepted or 'none'})")
-    return cls(**params)

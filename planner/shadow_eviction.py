@@ -44,6 +44,7 @@ import dataclasses
 from typing import Sequence
 
 from kernels.checks import require
+from planner.eviction import LearnedValueEviction, SeglenEviction
 from planner.snapshot_store import LRUEviction, Snapshot, SnapshotStore, policy_admits
 
 FREE_MEMORY_ONLY = ("speculative", "chunk")  # origins a gated candidate never evicts for
@@ -73,12 +74,10 @@ class GatedEviction:
 
 
 def _learned_value():
-    from planner.eviction import LearnedValueEviction  # planner.eviction lists this policy: imported late
     return LearnedValueEviction()
 
 
 def _seglen():
-    from planner.eviction import SeglenEviction
     return SeglenEviction()
 
 

@@ -12,7 +12,8 @@ from model.cost import ModelCost
 from model.engine import Engine, EngineConfig
 from model.engine import PlaceholderRunner
 from planner.block_pool import hash_full_blocks
-from planner.eviction import EVICTION_POLICIES, FlopAwareEviction, LearnedValueEviction, NextUseEviction, get_eviction
+from planner.eviction import FlopAwareEviction, LearnedValueEviction, NextUseEviction
+from planner.eviction_registry import EVICTION_POLICIES, get_eviction
 from planner.scheduler import SchedulerConfig
 from planner.snapshot_store import LRUEviction, SnapshotStore
 

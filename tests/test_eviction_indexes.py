@@ -11,7 +11,7 @@ import random
 import pytest
 
 from planner.block_pool import hash_full_blocks
-from planner.eviction import get_eviction
+from planner.eviction_registry import get_eviction
 from planner.snapshot_store import SnapshotStore, TierResidents
 from planner.snapshot_tiers import Tier
 

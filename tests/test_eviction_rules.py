@@ -28,7 +28,8 @@ import math
 import pytest
 
 from planner.block_pool import hash_full_blocks
-from planner.eviction import FlopAwareEviction, LearnedValueEviction, NextUseEviction, get_eviction
+from planner.eviction import FlopAwareEviction, LearnedValueEviction, NextUseEviction
+from planner.eviction_registry import get_eviction
 from planner.snapshot_store import LRUEviction, SnapshotStats, SnapshotStore
 
 BS = 4

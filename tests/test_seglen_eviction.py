@@ -11,7 +11,8 @@ Block 4 throughout; every snapshot 1 byte, so a budget of k bytes holds k snapsh
 import pytest
 
 from planner.block_pool import hash_full_blocks
-from planner.eviction import SEGLEN_WEIGHT, EVICTION_POLICIES, SeglenEviction, get_eviction
+from planner.eviction import SEGLEN_WEIGHT, SeglenEviction
+from planner.eviction_registry import EVICTION_POLICIES, get_eviction
 from planner.snapshot_store import SnapshotStore
 
 BS = 4

@@ -17,7 +17,8 @@ import pytest
 
 from planner import shadow_eviction
 from planner.block_pool import hash_full_blocks
-from planner.eviction import LearnedValueEviction, get_eviction
+from planner.eviction import LearnedValueEviction
+from planner.eviction_registry import get_eviction
 from planner.shadow_eviction import CANDIDATES, GatedEviction, ShadowBestEviction
 from planner.snapshot_store import LRUEviction, SnapshotStore
 

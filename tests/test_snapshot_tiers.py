@@ -7,7 +7,7 @@ holds k of them, and a tier of 1e-9 GB/s moves 1 byte per second."""
 import pytest
 
 from planner.block_pool import hash_full_blocks
-from planner.eviction import get_eviction
+from planner.eviction_registry import get_eviction
 from planner.snapshot_store import SnapshotStore
 from planner.snapshot_tiers import (DISK_GB_PER_S, DISK_LATENCY_S, HOST_GB_PER_S, HOST_LATENCY_S, Tier, disk_tier,
                                     host_tier)

@@ -12,7 +12,7 @@ from experiments.traces.simulate import SimConfig, simulate
 from experiments.workloads import MooncakeTrace
 from experiments.workloads.mooncake import TRACES
 from model.engine import Engine
-from planner.eviction import EVICTION_POLICIES
+from planner.eviction_registry import EVICTION_POLICIES
 from planner.policies.base import PlanContext
 from planner.policies.registry import POLICIES
 from planner.policies.trtllm import TRTLLM_PERIOD_TOKENS

@@ -26,7 +26,7 @@ from experiments.common.runs import build_model_or_exit, model_config, set_threa
 from experiments.workloads.synthetic import QUICK, SyntheticSessions, WorkloadConfig
 from model.cost import ModelCost
 from model.engine import ModelShape, PlaceholderRunner
-from planner.eviction import EVICTION_POLICIES
+from planner.eviction_registry import EVICTION_POLICIES
 
 WORKLOAD_TYPES = {"user_median": float_in_range(0, lo_open=True), "user_sigma": float_in_range(0),
                   "branch_fraction": float_in_range(0, 1), "regenerate_fraction": float_in_range(0, 1)}

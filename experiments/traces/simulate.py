@@ -35,7 +35,8 @@ from experiments.workloads.request import WorkloadRequest
 from kernels.checks import require
 from model.engine import Engine, resolve_settings
 from model.engine.placeholder_runner import PlaceholderRunner
-from planner.eviction import EVICTION_POLICIES, NextUseEviction
+from planner.eviction import NextUseEviction
+from planner.eviction_registry import EVICTION_POLICIES
 from planner.policies.registry import get_policy
 from planner.snapshot_store import EvictionPolicy
 from planner.snapshot_tiers import Tier, disk_tier, host_tier

@@ -59,7 +59,7 @@ from model.engine.settings import EFFECTIVE_KEYS, ModelShape, resolve_settings
 from model.engine.spill import state_identity
 from model.engine.two_pass import run_in_passes
 from model.hybrid import HybridLM
-from planner.eviction import get_eviction
+from planner.eviction_registry import get_eviction
 from planner.prefill_plan import ChunkPlan
 from planner.request import Request
 from planner.scheduler import ScheduledRow, Scheduler, SchedulerConfig
@@ -180,7 +180,7 @@ class Engine:
     def __init__(self, runner: Runner, config: EngineConfig, eviction: EvictionPolicy | str | None = None,
                  snapshot_flops: Callable[[int], float] | None = None,
                  clock: Callable[[], float] = time.perf_counter):
-        """`eviction`: a policy or its name (`planner.eviction.EVICTION_POLICIES`; default LRU);
+        """`eviction`: a policy or its name (`planner.eviction_registry.EVICTION_POLICIES`; default LRU);
         `snapshot_flops(position)`: the prefill FLOPs a snapshot at `position` spares (default:
         the position), stamped on each snapshot for FLOP-aware eviction."""
         self.runner = runner
