@@ -2,20 +2,17 @@
 
 One dataclass for all families: each field is read by a shared layer (the Mamba-2 mixer,
 attention, the gated MLP, the MoE, the decoder loop). What is family knowledge lives in the
-family's module under `model/families/`: its `config.json` mapping (`HybridConfig.from_hf_dict`
-and `to_hf_dict` only hand over to the family `model_type` names, which refuses, naming the
-field, anything it does not implement, so a checkpoint never loads into a model that silently
-computes something else), its checkpoint tensor names, its feed-forward and its cost, and its
-presets (gathered in `model.families.PRESETS`).
+family's module under `model/families/`: its `config.json` mapping (`model.families.config_from_hf`
+and `config_to_hf` hand over to the family `model_type` names, which refuses, naming the field,
+anything it does not implement, so a checkpoint never loads into a model that silently computes
+something else; this module imports no family), its checkpoint tensor names, its feed-forward and
+its cost, and its presets (gathered in `model.families.PRESETS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from pathlib import Path
-from typing import Any
 
 from kernels.checks import require
 
@@ -248,22 +245,3 @@ class HybridConfig:
         """Channels through a Gated DeltaNet layer's causal conv: q, k (key heads) and v (value heads)."""
         return (2 * self.linear_num_key_heads * self.linear_key_head_dim
                 + self.linear_num_value_heads * self.linear_value_head_dim)
-
-    # HF interop (per family: model.families) ------------------------------------------------------
-    @classmethod
-    def from_hf_dict(cls, hf: dict[str, Any]) -> "HybridConfig":
-        """Map an HF `config.json` dict through the family its `model_type` names; unsupported
-        fields or values raise naming the field."""
-        from model.families import config_from_hf  # the families import this module
-
-        return config_from_hf(hf)
-
-    @classmethod
-    def from_json_file(cls, path: str | Path) -> "HybridConfig":
-        return cls.from_hf_dict(json.loads(Path(path).read_text()))
-
-    def to_hf_dict(self) -> dict[str, Any]:
-        """The transformers config kwargs (with `model_type`) that build the same model there."""
-        from model.families import get_family
-
-        return get_family(self.model_type).config_to_hf(self)

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from model.config import HybridConfig
-from model.families import PRESETS, get_family
+from model.families import PRESETS, config_from_json_file, config_to_hf, get_family
 from model.hybrid import HybridLM
 
 SINGLE_FILE = "model.safetensors"
@@ -79,7 +79,7 @@ def load_pretrained(path: str | Path, backend: str = "torch", dtype: torch.dtype
     fails naming the tensor (nothing is left uninitialized silently), all before a weight is read.
     """
     path = Path(path)
-    config = HybridConfig.from_json_file(path / "config.json")
+    config = config_from_json_file(path / "config.json")
     model = _empty_model(config, backend, dtype, device)
     files = _checkpoint_files(path)
 
@@ -119,7 +119,7 @@ def save_pretrained(model: HybridLM, path: str | Path) -> Path:
     checkpoint's tensor names: what `load_pretrained` and transformers' `from_pretrained` read."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    hf = model.config.to_hf_dict()
+    hf = config_to_hf(model.config)
     architecture = get_family(model.config.model_type).architecture
     if architecture:
         hf = {"architectures": [architecture], **hf}

@@ -21,7 +21,7 @@ from experiments.plan_incident import study as plan_incident
 from experiments.warm_restore import study as warm_restore
 from experiments.warm_restore import families as warm_restore_families
 from experiments.multiturn import cli as multiturn
-from model.families import PRESETS
+from model.families import PRESETS, config_to_hf
 
 MAINS = {"warm_restore": warm_restore.main, "families": warm_restore_families.main,
          "plan_incident": plan_incident.main, "ablations": ablations.main, "multiturn": multiturn.main,
@@ -51,7 +51,7 @@ def a_file(t: Path) -> Path:
 def ckpt_corrupt(t: Path) -> Path:
     folder = t / "ckpt"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(PRESETS["tiny"].to_hf_dict()))
+    (folder / "config.json").write_text(json.dumps(config_to_hf(PRESETS["tiny"])))
     (folder / "model.safetensors").write_bytes(b"\x00\x01 this is not a safetensors file " * 40)
     return folder
 
@@ -71,7 +71,7 @@ def ckpt_bad_config(t: Path) -> Path:
 def ckpt_no_weights(t: Path) -> Path:
     folder = t / "ckpt"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(PRESETS["tiny"].to_hf_dict()))
+    (folder / "config.json").write_text(json.dumps(config_to_hf(PRESETS["tiny"])))
     return folder
 
 

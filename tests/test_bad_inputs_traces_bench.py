@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from experiments.common import outputs
-from model.families import PRESETS
+from model.families import PRESETS, config_to_hf
 
 CUDA = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
 MODULES = {
@@ -177,7 +177,7 @@ CASES = [
     ("prefill-threads-zero", "model_prefill", ["--threads", "0"], {}, "--threads"),
     ("prefill-model-unknown", "model_prefill", ["--model", "tiny,foo"], {}, "--model"),
     ("prefill-model-corrupt-checkpoint", "model_prefill", ["--model", "{d}/ckpt"],
-     {"ckpt/config.json": PRESETS["tiny"].to_hf_dict(), "ckpt/model.safetensors": b"\x00\x01 not safetensors" * 40},
+     {"ckpt/config.json": config_to_hf(PRESETS["tiny"]), "ckpt/model.safetensors": b"\x00\x01 not safetensors" * 40},
      "model.safetensors"),
     ("prefill-atol-negative", "model_prefill", ["--atol", "-1"], {}, "--atol"),
     ("prefill-out-under-file", "model_prefill", ["--model", "tiny", "--out", "{d}/f/o"], {"f": "x"}, "--out"),

@@ -13,7 +13,7 @@ from experiments.ablations import study as ablations
 from experiments.plan_incident import study as plan_incident
 from experiments.warm_restore import study as warm_restore
 from experiments.multiturn import cli as multiturn
-from model.families import PRESETS
+from model.families import PRESETS, config_to_hf
 
 REPO = Path(__file__).resolve().parents[1]
 MAINS = {
@@ -32,7 +32,7 @@ def absent_cuda_device() -> str:
 def corrupt_checkpoint(folder: Path) -> Path:
     """A checkpoint folder with a valid config.json and a model.safetensors that is not one."""
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(PRESETS["tiny"].to_hf_dict()))
+    (folder / "config.json").write_text(json.dumps(config_to_hf(PRESETS["tiny"])))
     (folder / "model.safetensors").write_bytes(b"\x00\x01 this is not a safetensors file " * 40)
     return folder
 
@@ -86,7 +86,7 @@ def test_a_checkpoint_missing_tensors_fails_at_load_naming_the_folder(tmp_path, 
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps(PRESETS["tiny"].to_hf_dict()))
+    (ckpt / "config.json").write_text(json.dumps(config_to_hf(PRESETS["tiny"])))
     save_file({"unrelated": torch.zeros(3)}, ckpt / "model.safetensors")  # readable, but not this model's
     out = tmp_path / "out"
     line = usage_error(capsys, lambda: MAINS["warm_restore"](out, "--model", str(ckpt)))

@@ -16,7 +16,7 @@ import torch
 from kernels.checks import require
 from model import HybridConfig, HybridLM, SequenceChunk, from_preset, load_pretrained, save_pretrained
 from model.cost import ModelCost
-from model.families import FAMILIES, PRESETS, REGISTERED, register
+from model.families import FAMILIES, PRESETS, REGISTERED, config_from_hf, config_to_hf, register
 from model.families.base import (Family, FeedForward, mamba_hf_fields, parse_int, parse_time_step_limit,
                                  reject_unknown_fields, require_model_type)
 from model.mlp import ReluSquaredMLP
@@ -110,7 +110,7 @@ def test_the_registry_is_its_lines():
 
 def test_the_toy_family_round_trips_and_runs_chunked_like_whole(registered, tmp_path):
     cfg = PRESETS["relu2-hybrid-tiny"]
-    assert HybridConfig.from_hf_dict(json.loads(json.dumps(cfg.to_hf_dict()))) == cfg
+    assert config_from_hf(json.loads(json.dumps(config_to_hf(cfg)))) == cfg
     model = from_preset("relu2-hybrid-tiny", seed=0)
     ids = tokens(40, 0)
     whole = model.logits(ids)

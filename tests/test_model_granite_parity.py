@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM  # noqa: E402
 
 from model import HybridConfig, SequenceChunk, load_pretrained  # noqa: E402
+from model.families import config_from_hf, config_to_hf
 from model_helpers import one_thread, perturb_parameters  # noqa: F401,E402  (one_thread: autouse)
 
 HF_PARITY_ATOL = 1e-4  # fp32 logits, max abs
@@ -150,25 +151,25 @@ def _hf_dict(case="moe-rope-untied", **overrides) -> dict:
 
 
 def test_config_reads_every_math_field():
-    cfg = HybridConfig.from_hf_dict(_hf_dict())
+    cfg = config_from_hf(_hf_dict())
     assert cfg.model_type == "granitemoehybrid" and cfg.layer_types == ("mamba", "attention", "mamba")
     assert (cfg.intermediate_size, cfg.moe.intermediate_size, cfg.moe.num_experts, cfg.moe.top_k) == (48, 32, 4, 2)
     assert (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.attention_scale, cfg.logits_scaling) == \
         (3.0, 0.5, 0.2, 2.5)
     assert cfg.position_embedding == "rope" and cfg.rotary_dim == cfg.head_dim == 16
     assert (cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state, cfg.rms_norm_eps) == (4, 32, 16, 1e-6)
-    dense = HybridConfig.from_hf_dict(_hf_dict("dense-nope-untied"))
+    dense = config_from_hf(_hf_dict("dense-nope-untied"))
     assert dense.moe is None and dense.position_embedding == "none"
     # a published-style file: legacy layer names, "nope", top-level rope_theta, inert muP init fields
     legacy = _hf_dict(layer_types=["mamba", "attention", "mamba"], position_embedding_type="nope", rope_theta=1e4,
                       init_method="mup", normalization_function="rmsnorm")
     del legacy["rope_parameters"]
-    assert HybridConfig.from_hf_dict(legacy).position_embedding == "none"
-    assert HybridConfig.from_hf_dict(_hf_dict(head_dim=8, position_embedding_type="nope")).head_dim == 8
+    assert config_from_hf(legacy).position_embedding == "none"
+    assert config_from_hf(_hf_dict(head_dim=8, position_embedding_type="nope")).head_dim == 8
     # transformers' attribute name for the same list
     renamed = _hf_dict(layers_block_type=["attention", "mamba", "attention"])
     del renamed["layer_types"]
-    assert HybridConfig.from_hf_dict(renamed).attn_layer_indices == (0, 2)
+    assert config_from_hf(renamed).attn_layer_indices == (0, 2)
 
 
 def test_presets_round_trip_through_transformers():
@@ -176,8 +177,8 @@ def test_presets_round_trip_through_transformers():
 
     for name, cfg in PRESETS.items():
         if cfg.model_type == "granitemoehybrid":
-            hf_cfg = GraniteMoeHybridConfig(**cfg.to_hf_dict())
-            assert HybridConfig.from_hf_dict(json.loads(hf_cfg.to_json_string())) == cfg, name
+            hf_cfg = GraniteMoeHybridConfig(**config_to_hf(cfg))
+            assert config_from_hf(json.loads(hf_cfg.to_json_string())) == cfg, name
 
 
 @pytest.mark.parametrize("field, overrides", [
@@ -201,7 +202,7 @@ def test_presets_round_trip_through_transformers():
 ])
 def test_unsupported_config_fails_naming_the_field(field, overrides):
     with pytest.raises(ValueError, match=f"^{field.replace('.', '[.]')}:"):
-        HybridConfig.from_hf_dict(_hf_dict(**overrides))
+        config_from_hf(_hf_dict(**overrides))
 
 
 # ---- load errors: before any weight is used ------------------------------------------------------

@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import BambaConfig, BambaForCausalLM  # noqa: E402
 
 from model import HybridConfig, load_pretrained  # noqa: E402
+from model.families import config_from_hf, config_to_hf
 from model_helpers import one_thread, perturb_parameters  # noqa: F401  (one_thread: autouse)
 
 HF_PARITY_ATOL = 1e-4  # fp32 logits, max abs (issue #5)
@@ -96,7 +97,7 @@ def _hf_dict(**overrides) -> dict:
 
 
 def test_config_from_transformers_dict_reads_every_math_field():
-    cfg = HybridConfig.from_hf_dict(_hf_dict())
+    cfg = config_from_hf(_hf_dict())
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.attn_layer_indices) == (64, 3, (1,))
     assert (cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state, cfg.mamba_n_groups) == (4, 32, 16, 1)
     assert cfg.head_dim == 16 and cfg.rotary_dim == 8 and cfg.rope_theta == 10000.0
@@ -105,7 +106,7 @@ def test_config_from_transformers_dict_reads_every_math_field():
     # a transformers-v4-style file: top-level rope_theta, bare Infinity, attn_rotary_emb
     v4 = _hf_dict(rope_theta=500.0, attn_rotary_emb=8, time_step_limit=[0.0, float("inf")])
     del v4["rope_parameters"]
-    cfg4 = HybridConfig.from_hf_dict(v4)
+    cfg4 = config_from_hf(v4)
     assert cfg4.rope_theta == 500.0 and cfg4.partial_rotary_factor == 0.5
 
 
@@ -115,9 +116,9 @@ def test_config_round_trips_through_transformers():
     for name, cfg in PRESETS.items():
         if cfg.model_type != "bamba":
             continue  # the other families' presets: in their own parity tests
-        hf_cfg = BambaConfig(**cfg.to_hf_dict())
-        assert HybridConfig.from_hf_dict(json.loads(hf_cfg.to_json_string())) == cfg, name
-    assert HybridConfig.from_hf_dict(json.loads(BambaConfig().to_json_string())) == HybridConfig()
+        hf_cfg = BambaConfig(**config_to_hf(cfg))
+        assert config_from_hf(json.loads(hf_cfg.to_json_string())) == cfg, name
+    assert config_from_hf(json.loads(BambaConfig().to_json_string())) == HybridConfig()
 
 
 # ibm-fms/Bamba-9B's config.json (transformers 4.47 era): no rope fields, conversion leftovers.
@@ -136,7 +137,7 @@ BAMBA_9B_CONFIG_JSON = """{
 def test_bamba_9b_config_file_gives_the_preset():
     from model import PRESETS
 
-    assert HybridConfig.from_hf_dict(json.loads(BAMBA_9B_CONFIG_JSON)) == PRESETS["bamba-9b"]
+    assert config_from_hf(json.loads(BAMBA_9B_CONFIG_JSON)) == PRESETS["bamba-9b"]
 
 
 @pytest.mark.parametrize("field, overrides", [
@@ -155,7 +156,7 @@ def test_bamba_9b_config_file_gives_the_preset():
 ])
 def test_unsupported_config_fails_naming_the_field(field, overrides):
     with pytest.raises(ValueError, match=f"^{field.replace('.', '[.]')}:"):
-        HybridConfig.from_hf_dict(_hf_dict(**overrides))
+        config_from_hf(_hf_dict(**overrides))
 
 
 # ---- tensor errors name the tensor ---------------------------------------------------------------

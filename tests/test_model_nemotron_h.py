@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from model import PRESETS, HybridConfig, HybridLM, SequenceChunk, from_preset, load_pretrained, save_pretrained
 from model.engine import Engine
+from model.families import config_from_hf, config_to_hf
 from model.families.nemotron_h_moe import SigmoidGroupedTopKRouter
 from model.linear import native_half_matmuls
 from model.norms import RMSNorm
@@ -167,7 +168,7 @@ def test_router_matches_transformers_bit_for_bit_with_ties(n_group, topk_group, 
         theirs.weight[9] = theirs.weight[1]
         theirs.weight[5] = theirs.weight[4]
         theirs.e_score_correction_bias.copy_(torch.randint(0, 3, (16,), generator=g).float() * 0.25)
-    ours = SigmoidGroupedTopKRouter(32, HybridConfig.from_hf_dict(
+    ours = SigmoidGroupedTopKRouter(32, config_from_hf(
         {**json.loads(cfg.to_json_string()), "layers_block_type": ["moe"]}).moe)
     ours.load_state_dict({"weight": theirs.weight, "e_score_correction_bias": theirs.e_score_correction_bias})
     x = torch.randn(300, 32, generator=g) * torch.tensor([0.1, 1.0, 30.0]).repeat_interleave(100)[:, None]
@@ -189,7 +190,7 @@ def test_moe_block_matches_transformers_bit_for_bit_in_bf16():
     theirs = hf.model.layers[0].mixer
     perturb_parameters(theirs, seed=4, **PERTURB)
     theirs.to(torch.bfloat16).gate.float()
-    ours = HybridLM(HybridConfig.from_hf_dict(json.loads(cfg.to_json_string()))).layers[0].feed_forward
+    ours = HybridLM(config_from_hf(json.loads(cfg.to_json_string()))).layers[0].feed_forward
     ours.load_state_dict(theirs.state_dict())
     ours.to(torch.bfloat16).gate.float()
     x = torch.randn(200, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
@@ -378,28 +379,28 @@ NANO_CONFIG_JSON = """{
 
 def test_nano_config_file_gives_the_preset_and_transformers_agrees():
     hf = json.loads(NANO_CONFIG_JSON)
-    assert HybridConfig.from_hf_dict(hf) == PRESETS["nemotron-3-nano"]
+    assert config_from_hf(hf) == PRESETS["nemotron-3-nano"]
     # what transformers itself writes back for it (layers_block_type, time_step_limit, ...) too
-    assert HybridConfig.from_hf_dict(json.loads(NemotronHConfig.from_dict(hf).to_json_string())) == \
+    assert config_from_hf(json.loads(NemotronHConfig.from_dict(hf).to_json_string())) == \
         PRESETS["nemotron-3-nano"]
 
 
 def test_presets_round_trip_through_transformers_config():
     for name, cfg in PRESETS.items():
         if cfg.model_type == "nemotron_h":
-            written = json.loads(NemotronHConfig(**cfg.to_hf_dict()).to_json_string())
-            assert HybridConfig.from_hf_dict(written) == cfg, name
-    defaults = HybridConfig.from_hf_dict({"model_type": "nemotron_h"})  # transformers' defaults for absent fields
-    assert HybridConfig.from_hf_dict(json.loads(NemotronHConfig().to_json_string())) == defaults
+            written = json.loads(NemotronHConfig(**config_to_hf(cfg)).to_json_string())
+            assert config_from_hf(written) == cfg, name
+    defaults = config_from_hf({"model_type": "nemotron_h"})  # transformers' defaults for absent fields
+    assert config_from_hf(json.loads(NemotronHConfig().to_json_string())) == defaults
     assert defaults.layer_types == ("mamba", "moe", "attention", "mlp") and defaults.time_step_limit[0] == 0.001
 
 
 def test_legacy_field_names_and_layer_type_names_are_read():
     base = dict(model_type="nemotron_h", hybrid_override_pattern="M*-")
-    cfg = HybridConfig.from_hf_dict({**base, "mamba_n_groups": 4, "mamba_d_conv": 3, "mamba_chunk_size": 64})
+    cfg = config_from_hf({**base, "mamba_n_groups": 4, "mamba_d_conv": 3, "mamba_chunk_size": 64})
     assert (cfg.mamba_n_groups, cfg.mamba_d_conv, cfg.mamba_chunk_size) == (4, 3, 64)
-    legacy = HybridConfig.from_hf_dict({"model_type": "nemotron_h", "layers_block_type": ["mamba", "attention", "mlp"]})
-    assert legacy.layer_types == ("mamba", "attention", "mlp") == HybridConfig.from_hf_dict(base).layer_types
+    legacy = config_from_hf({"model_type": "nemotron_h", "layers_block_type": ["mamba", "attention", "mlp"]})
+    assert legacy.layer_types == ("mamba", "attention", "mlp") == config_from_hf(base).layer_types
 
 
 # ---- refusals name the field or tensor ----------------------------------------------------------------
@@ -442,7 +443,7 @@ def _hf_dict(**overrides) -> dict:
 ])
 def test_unsupported_config_fails_naming_the_field(field, overrides):
     with pytest.raises(ValueError, match=f"^{field}:"):
-        HybridConfig.from_hf_dict(_hf_dict(**overrides))
+        config_from_hf(_hf_dict(**overrides))
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ import torch
 
 from model import PRESETS, HybridConfig, HybridLM, SequenceChunk, from_preset, load_pretrained, save_pretrained
 from model.engine import Engine
+from model.families import config_from_hf, config_to_hf
 from model_helpers import max_abs, one_thread, perturb_parameters, tokens  # noqa: F401  (one_thread: autouse)
 
 transformers = pytest.importorskip("transformers")
@@ -180,15 +181,15 @@ def test_zero_centred_norm_and_norm_then_gate_follow_transformers():
 def test_transformers_defaults_give_the_80b_preset():
     """transformers' Qwen3NextConfig() is Qwen3-Next-80B-A3B's shapes (its docstring's checkpoint)."""
     written = json.loads(Qwen3NextConfig().to_json_string())
-    assert HybridConfig.from_hf_dict(written) == PRESETS["qwen3-next-80b-a3b"]
-    assert HybridConfig.from_hf_dict({"model_type": "qwen3_next"}) == PRESETS["qwen3-next-80b-a3b"]
+    assert config_from_hf(written) == PRESETS["qwen3-next-80b-a3b"]
+    assert config_from_hf({"model_type": "qwen3_next"}) == PRESETS["qwen3-next-80b-a3b"]
 
 
 def test_presets_round_trip_through_transformers_config():
     for name, cfg in PRESETS.items():
         if cfg.model_type == "qwen3_next":
-            written = json.loads(Qwen3NextConfig(**cfg.to_hf_dict()).to_json_string())
-            assert HybridConfig.from_hf_dict(written) == cfg, name
+            written = json.loads(Qwen3NextConfig(**config_to_hf(cfg)).to_json_string())
+            assert config_from_hf(written) == cfg, name
 
 
 def test_published_80b_shapes():
@@ -223,7 +224,7 @@ def test_cost_model_counts_the_80b_states_and_active_experts():
 
 
 def test_legacy_interval_and_top_level_rope_fields_are_read():
-    cfg = HybridConfig.from_hf_dict({"model_type": "qwen3_next", "num_hidden_layers": 6, "full_attention_interval": 3,
+    cfg = config_from_hf({"model_type": "qwen3_next", "num_hidden_layers": 6, "full_attention_interval": 3,
                                      "rope_theta": 1e7, "partial_rotary_factor": 0.5})
     assert cfg.layer_types == ("linear_attention", "linear_attention", "attention") * 2
     assert (cfg.rope_theta, cfg.partial_rotary_factor) == (1e7, 0.5)
@@ -247,7 +248,7 @@ def test_gated_attention_needs_both_its_gate_and_its_norms():
 ])
 def test_unsupported_config_fails_naming_the_field(field, overrides):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        HybridConfig.from_hf_dict({"model_type": "qwen3_next", **overrides})
+        config_from_hf({"model_type": "qwen3_next", **overrides})
 
 
 # ---- the engine's paths on the tiny preset ------------------------------------------------------------

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from experiments.common.results_io import parse_shard
-from model.config import HybridConfig
-from model.families import PRESETS
+from model.families import PRESETS, config_from_json_file
 from model.loading import INDEX_FILE, SINGLE_FILE
 from planner.policies.registry import POLICIES
 
@@ -187,7 +186,7 @@ def model_name(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"expected a preset ({', '.join(PRESETS)}) or a checkpoint folder, got {text!r}")
     try:
-        HybridConfig.from_json_file(folder / "config.json")
+        config_from_json_file(folder / "config.json")
     except (OSError, ValueError) as e:
         raise argparse.ArgumentTypeError(f"{folder / 'config.json'}: {e}") from None
     from safetensors import safe_open

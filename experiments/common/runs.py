@@ -30,7 +30,7 @@ import torch
 from experiments.common.results_io import log
 from kernels.checks import require
 from model.config import HybridConfig
-from model.families import PRESETS
+from model.families import PRESETS, config_from_json_file
 from model.engine import Engine
 from model.hybrid import HybridLM
 from model.loading import from_preset, load_pretrained
@@ -72,7 +72,7 @@ class ModelLoadError(ValueError):
 
 def model_config(name: str) -> HybridConfig:
     """A preset's config, or a checkpoint folder's config.json (no weights)."""
-    return PRESETS[name] if name in PRESETS else HybridConfig.from_json_file(Path(name) / "config.json")
+    return PRESETS[name] if name in PRESETS else config_from_json_file(Path(name) / "config.json")
 
 
 def build_model(name: str, device: str = "cpu", seed: int = 0, dtype: str = "float32",

@@ -13,6 +13,8 @@ Adding a family: one new module exposing `FAMILY`, and its line in `REGISTERED`
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from kernels.checks import require
@@ -59,8 +61,20 @@ def get_family(model_type: str) -> Family:
 
 
 def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
-    """A config.json dict -> HybridConfig through the family its `model_type` names."""
+    """A config.json dict -> HybridConfig through the family its `model_type` names; unsupported
+    fields or values raise naming the field."""
     return get_family(hf.get("model_type")).config_from_hf(hf)
 
 
-__all__ = ["FAMILIES", "PRESETS", "REGISTERED", "Family", "config_from_hf", "get_family", "register"]
+def config_from_json_file(path: str | Path) -> HybridConfig:
+    """`config_from_hf` of a config.json file."""
+    return config_from_hf(json.loads(Path(path).read_text()))
+
+
+def config_to_hf(config: HybridConfig) -> dict[str, Any]:
+    """The transformers config kwargs (with `model_type`) that build the same model there."""
+    return get_family(config.model_type).config_to_hf(config)
+
+
+__all__ = ["FAMILIES", "PRESETS", "REGISTERED", "Family", "config_from_hf", "config_from_json_file", "config_to_hf",
+           "get_family", "register"]
