@@ -18,6 +18,8 @@ from experiments.common import outputs
 from experiments.plan_incident import study as plan_incident
 from experiments.warm_restore import study as warm_restore
 from experiments.multiturn import cli as multiturn
+from model import PRESETS
+from model.families import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -81,3 +83,21 @@ def test_multiturn_merges_and_replots_the_committed_parts(tmp_path):
     (out / "multiturn.png").unlink()
     assert multiturn.main(["--replot", "--out", str(out)]) == 0
     assert (out / "multiturn.png").is_file()
+
+
+# Each family's smallest preset (by hidden size)
+SMALLEST_PER_FAMILY = sorted(min((n for n, c in PRESETS.items() if c.model_type == t), key=lambda n: PRESETS[n].hidden_size)
+                             for t in FAMILIES)
+
+
+@pytest.mark.parametrize("preset", SMALLEST_PER_FAMILY)
+def test_every_family_has_a_layer_summary(preset):
+    """A study's record draws the layer pattern with one symbol per layer kind: a family whose kind has
+    none ended a whole warm_restore run in a KeyError (Qwen3-Next's 'linear_attention')."""
+    from experiments.common.runs import LAYER_SYMBOLS, model_summary
+    from model import from_preset
+    from model.config import LAYER_TYPES
+
+    assert set(LAYER_TYPES) <= set(LAYER_SYMBOLS) and len(set(LAYER_SYMBOLS.values())) == len(LAYER_SYMBOLS)
+    model = from_preset(preset, seed=0)
+    assert len(model_summary(model)["layers"]) == model.config.num_hidden_layers

@@ -37,7 +37,7 @@ from model.loading import from_preset, load_pretrained
 from planner.request import Request
 
 # one letter per layer, as the results have written it: Mamba M, attention A, MLP-only -, MoE-only E
-LAYER_SYMBOLS = {"mamba": "M", "attention": "A", "mlp": "-", "moe": "E"}
+LAYER_SYMBOLS = {"mamba": "M", "attention": "A", "linear_attention": "D", "mlp": "-", "moe": "E"}  # D: Gated DeltaNet
 FP32_LOGIT_TOL = 1e-4  # warm vs cold max abs logit difference allowed in fp32 (the brief's bound)
 
 # The seed's incident (block 16, budget 8192, one slot, a 32772-token prompt served twice).
