@@ -46,7 +46,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from kernels.checks import require
-from planner.snapshot_store import LRUEviction, Snapshot, TierResidents
+from planner.snapshot_store import LRUEviction, Snapshot, TierResidents, heap_top
 
 
 def _min_max(values: Sequence[float]) -> list[float]:
@@ -450,22 +450,9 @@ class LearnedValueEviction:
 
     def _lowest_in(self, tier: int, keep: Snapshot | None) -> Snapshot:
         """The held snapshot of `tier` but `keep` of the lowest credit, of equals the least recently used."""
-        heap = self._heaps[tier]
-        held = []
-        try:
-            while True:
-                require(len(heap) > 0, "snapshots", "nothing to evict")
-                entry = heap[0]
-                if not self._live(entry, tier):
-                    heapq.heappop(heap)
-                    self._entries -= 1
-                elif entry[3] is keep:
-                    held.append(heapq.heappop(heap))
-                else:
-                    return entry[3]
-        finally:
-            for entry in held:
-                heapq.heappush(heap, entry)
+        snap, dropped = heap_top(self._heaps[tier], lambda entry: self._live(entry, tier), keep)
+        self._entries -= dropped
+        return snap
 
     def saved(self, snap: Snapshot) -> None:
         level = self._ghost.pop(snap.key, 0)

@@ -25,7 +25,7 @@ import dataclasses
 import heapq
 import itertools
 import logging
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from kernels.checks import require
 from planner.block_pool import BlockHash, hash_full_blocks
@@ -179,6 +179,28 @@ class SnapshotStats:
     adopted_dropped: int = 0  # found there but left out: over its budget (the oldest), or no prefix for `needs_prefix`
 
 
+def heap_top(heap: list, live: Callable[[tuple], bool], keep: Snapshot | None) -> tuple[Snapshot, int]:
+    """The snapshot (each entry's last item) of the first live entry of a lazy-deletion heap that is not
+    `keep`'s, and how many dead entries it dropped off the top on the way; `keep`'s entries stay. The
+    store's LRU order and learned value's credits share it: an entry goes stale instead of being found
+    and removed when its snapshot is used again, moves tier or leaves."""
+    held, dropped = [], 0
+    try:
+        while True:
+            require(len(heap) > 0, "snapshots", "nothing to evict")
+            entry = heap[0]
+            if not live(entry):
+                heapq.heappop(heap)
+                dropped += 1
+            elif entry[-1] is keep:
+                held.append(heapq.heappop(heap))
+            else:
+                return entry[-1], dropped
+    finally:
+        for entry in held:
+            heapq.heappush(heap, entry)
+
+
 class SnapshotStore:
     """Snapshots keyed by the exact prefix they hold, under an optional byte budget.
 
@@ -274,20 +296,7 @@ class SnapshotStore:
 
     def _oldest(self, tier: int, keep: Snapshot | None) -> Snapshot:
         """The least recently used snapshot of `tier` but `keep` (the tier's heap, dead entries dropped)."""
-        heap = self._lru_heaps[tier]
-        held = []
-        try:
-            while True:
-                entry = heap[0]
-                if not self._live(entry, tier):
-                    heapq.heappop(heap)
-                elif entry[2] is keep:
-                    held.append(heapq.heappop(heap))
-                else:
-                    return entry[2]
-        finally:
-            for entry in held:
-                heapq.heappush(heap, entry)
+        return heap_top(self._lru_heaps[tier], lambda entry: self._live(entry, tier), keep)[0]
 
     def _over(self, tier: int, extra: int = 0) -> bool:
         budget = self._budgets[tier]

@@ -102,13 +102,13 @@ def test_the_model_serves_every_request_with_the_cold_logits(model, seed, tmp_pa
         assert req.output_token_ids == tokens, (w.label, req.request_id)
 
 
-def whole_pool_after_a_partial_block(policy: str, make=placeholder, block: int = 16):
+def whole_pool_after_a_partial_block(policy: str, num_kv_blocks: int = 17):
     """The issue's shape: A (20 tokens) leaves its partial last block cached; B (257 tokens, 1 out)
-    shares A's 20 tokens and needs all 17 blocks: its copy's source would be the 18th."""
+    shares A's 20 tokens and needs all 17 blocks (block 16): its copy's source would be the 18th."""
     rnd = random.Random(7)
     base = [rnd.randrange(256) for _ in range(300)]
-    eng = make(policy=policy, block_size=block, prefill_budget=512, max_batch_size=1, num_kv_blocks=17,
-               prefix_match_unit=1, keep_prompt_logits=True)
+    eng = placeholder(policy=policy, block_size=16, prefill_budget=512, max_batch_size=1, num_kv_blocks=num_kv_blocks,
+                      prefix_match_unit=1, keep_prompt_logits=True)
     eng.add_request(base[:20], 1, "a")
     eng.run_until_done()
     b = eng.add_request(base[:257], 1, "b")
@@ -134,14 +134,7 @@ def test_a_request_needing_the_whole_pool_is_served(policy):
 def test_a_copy_that_fits_is_still_taken():
     """The fallback is only for a copy that does not fit: one block more in the pool and B copies A's
     4 rows (a rule that always took the block floor would pass the test above)."""
-    rnd = random.Random(7)
-    base = [rnd.randrange(256) for _ in range(300)]
-    eng = placeholder(policy="aligned", block_size=16, prefill_budget=512, max_batch_size=1, num_kv_blocks=18,
-                      prefix_match_unit=1)
-    eng.add_request(base[:20], 1, "a")
-    eng.run_until_done()
-    b = eng.add_request(base[:257], 1, "b")
-    eng.run_until_done()
+    eng, b = whole_pool_after_a_partial_block("aligned", num_kv_blocks=18)
     assert (b.metrics.kv_match_tokens, b.metrics.kv_copied_tokens, b.metrics.copy_fallbacks) == (20, 4, 0)
     assert eng.scheduler.copy_fallbacks == 0
     assert_drained(eng)
