@@ -1,10 +1,13 @@
 """What a forward, a snapshot save and a restore cost at a real model's shapes, on a roofline.
 
-Counts: `model.cost.ModelCost` (weights, conv taps, SSD scan, attention to the prefix, the LM
-head once per row on its last token; snapshot, KV and weight bytes), in bf16 (2 bytes each).
+Counts: `model.cost.ModelCost` (weights, conv taps, SSD scan or chunked delta rule, attention to the
+prefix, the LM head once per row on its last token; snapshot, KV and weight bytes), in bf16 (2 bytes
+each, the recurrent states too: vLLM 0.32's default, `mamba_ssm_cache_dtype` "auto" = the model's
+dtype, for Mamba-2 and Gated DeltaNet layers alike; this codebase's engine keeps them in fp32).
 This module adds what moving them takes:
 * bytes of one forward: every weight once (MoE: all experts, a batch touches most of them), each
-  row's KV prefix read once and its new KV written, each row's SSM state read and written;
+  row's KV prefix read once and its new KV written, each row's recurrent state (every Mamba or
+  Gated DeltaNet layer's) read and written;
 * a snapshot save or restore copies one state: read + write, 2 x its bytes; an in-launch capture
   writes it once.
 
@@ -25,9 +28,14 @@ from model.config import HybridConfig
 from model.families import PRESETS
 from model.cost import ModelCost
 from model.engine.settings import ModelShape
+from model.engine.snapshot_codec import DEFAULT_SNAPSHOT_DTYPE
+from model.engine.snapshot_codec import snapshot_bytes as stored_snapshot_bytes
 
 DTYPE_BYTES = 2  # bf16
-SHAPES = {"bamba-9b": "bamba-9b", "granite-4.0-h-small": "granite-4.0-h-small", "nemotron-h-8b": "nemotron-h-8b"}
+# --model name -> preset. Qwen3-Next-80B-A3B: 36 Gated DeltaNet layers (a state of 32 value heads x
+# 128 x 128 and a conv of 8,192 x 3 each) and 12 gated-attention layers (2 KV heads of 256).
+SHAPES = {"bamba-9b": "bamba-9b", "granite-4.0-h-small": "granite-4.0-h-small", "nemotron-h-8b": "nemotron-h-8b",
+          "qwen3-next-80b": "qwen3-next-80b-a3b"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +76,7 @@ class ShapeCost:
 
     @functools.cached_property
     def flops_per_token(self) -> float:
-        """Weights, conv taps and SSD scan of one token; attention and head apart."""
+        """Weights, conv taps and SSD scan / delta rule of one token; attention and head apart."""
         return float(self.counts.flops_per_token)
 
     @functools.cached_property
@@ -96,8 +104,21 @@ class ShapeCost:
 
     @functools.cached_property
     def state_bytes(self) -> int:
-        """One snapshot: every Mamba layer's conv + SSM state."""
+        """One snapshot: every Mamba layer's conv + SSM state, every Gated DeltaNet layer's conv +
+        delta-rule state."""
         return self.counts.snapshot_bytes(DTYPE_BYTES)
+
+    def snapshot_bytes(self, snapshot_dtype: str = DEFAULT_SNAPSHOT_DTYPE) -> int:
+        """One snapshot as the store counts it when stored in `snapshot_dtype`
+        (`model.engine.snapshot_codec`): the states here are bf16, so float32 and bfloat16 keep
+        `state_bytes`; float8_e4m3fn halves it, plus a 4-byte scale per tensor (2 a layer)."""
+        c = self.counts.config
+        mamba = (c.conv_dim * (c.mamba_d_conv - 1), c.mamba_n_heads * c.mamba_d_head * c.mamba_d_state)
+        delta = (c.linear_conv_dim * (c.linear_conv_kernel_dim - 1),
+                 c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim)
+        tensors = [(n, DTYPE_BYTES) for kind, per_layer in (("mamba", mamba), ("linear_attention", delta))
+                   for _ in range(sum(t == kind for t in c.layer_types)) for n in per_layer]
+        return stored_snapshot_bytes(tensors, snapshot_dtype)
 
     @functools.cached_property
     def state_bytes_layer(self) -> int:
@@ -105,7 +126,8 @@ class ShapeCost:
 
     @property
     def kernel_chunk(self) -> int:
-        return self.counts.config.mamba_chunk_size
+        """The recurrent scan's chunk (SSD: mamba_chunk_size; delta rule: 64 in bf16), `ModelShape.of`'s."""
+        return self.model_shape.kernel_chunk
 
     def snapshot_flops(self, position: int) -> float:
         """What a hit on a snapshot at `position` spares (`ModelCost.snapshot_flops`): the engine's stamp."""

@@ -15,7 +15,7 @@ settings (`SchedulerConfig` and `EngineConfig` fields, plus `eviction`) and the 
      can land; "exact" the match unit (1: the state after the last computed token; a
      unit of the block is the "block" grid);
    * `prefix_match_unit` (`match_unit`): "block" 0 (the KV block), "token" 1;
-   * `eviction`: the policy's; `kernel_chunk`: the model's SSD chunk (`ModelShape.kernel_chunk`);
+   * `eviction`: the policy's; `kernel_chunk`: the model's scan chunk (`ModelShape.kernel_chunk`: SSD or delta rule);
 2. a setting given explicitly (not None) wins over 1: `state_block`, `kernel_chunk`,
    `decode_snapshots`, `decode_snapshot_grid`, `prefix_match_unit`, `eviction`. Rule 1 reads the values after this
    (an explicit `state_block` moves a "state" decode grid with it). `block_size` is always the
@@ -34,7 +34,7 @@ from typing import Any
 
 from kernels.checks import require
 from model.config import HybridConfig
-from model.cost import ModelCost
+from model.cost import DELTA_RULE_CHUNK, ModelCost
 from planner.policies.base import PlacementPolicy
 from planner.policies.registry import get_policy
 from planner.policies.vllm import vllm_hybrid_block
@@ -43,12 +43,14 @@ from planner.scheduler import SchedulerConfig
 EFFECTIVE_KEYS = ("policy", "block_size", "state_block", "kernel_chunk", "decode_snapshots", "decode_snapshot_grid",
                   "prefix_match_unit", "eviction")
 _DEFAULTS = SchedulerConfig()
+DELTA_RULE_CHUNK_FP32 = 32  # the delta-rule scan's chunk for fp32 inputs (kernels.gated_delta_rule.FP32_CHUNK_SIZE)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
     """What the policies' engine defaults read of a model, in tokens: vLLM's padded hybrid block
-    (`planner.policies.vllm.vllm_hybrid_block`) and the SSD kernel's chunk."""
+    (`planner.policies.vllm.vllm_hybrid_block`) and the chunk of its recurrent layers' scan kernel
+    (Mamba-2: the SSD scan's `mamba_chunk_size`; Gated DeltaNet: the delta-rule scan's, `of`)."""
 
     vllm_block: int
     kernel_chunk: int
@@ -61,9 +63,16 @@ class ModelShape:
     @classmethod
     def of(cls, config: HybridConfig, dtype_bytes: int) -> "ModelShape":
         """A config's shape, its state and KV at `dtype_bytes` per element (vLLM keeps both at the
-        model's dtype, so the padded block depends on their ratio only: the same in fp32 and bf16)."""
+        model's dtype, so the padded block depends on their ratio only: the same in fp32 and bf16).
+        The state and the chunk are a Mamba layer's, or in a model whose recurrent layers are all
+        Gated DeltaNet (Qwen3-Next) a DeltaNet layer's: conv + HV x K x V state
+        (`ModelCost.state_bytes_per_layer`), and the delta-rule scan's chunk at this dtype (64 for
+        16-bit inputs, 32 for fp32: `kernels.gated_delta_rule.default_chunk_size`, not imported here:
+        no Triton in the engine's settings), not the `mamba_chunk_size` such a config never uses."""
         cost = ModelCost(config)
         block = vllm_hybrid_block(cost.state_bytes_per_layer(dtype_bytes), cost.kv_bytes_per_token_layer(dtype_bytes))
+        if cost.linear_attention_layers and not cost.mamba_layers:
+            return cls(block, DELTA_RULE_CHUNK if dtype_bytes < 4 else DELTA_RULE_CHUNK_FP32)
         return cls(block, config.mamba_chunk_size)
 
 
