@@ -15,13 +15,13 @@ timings is `python -m experiments.warm_restore`.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from experiments.common.flags import (add_policy_flag, add_prefill_budget_flag, int_in_range, model_name, new_parser,
-                               require_block_of_budget)
-from experiments.common.inputs import InputError, fail_on_input_error, read_json
-from experiments.common.outputs import (add_out_flags, beside_record, record_folder, report_written, resolve_out,
-                                        writes_record)
+from experiments.common.flags import (add_policy_flag, add_prefill_budget_flag, int_in_range, model_name,
+                                      require_block_of_budget)
+from experiments.common.inputs import read_json
 from experiments.common.results_io import environment, log, write_json
+from experiments.common.study import Context, Study, run_study
 from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, cold_record, dense_serve, model_config, random_prompt,
                                      serve, warm_record)
 from model.engine import Engine, ModelShape
@@ -48,64 +48,65 @@ RECORD = "plan_incident"
 JSON_NAME = "plan_incident.json"
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = new_parser(__doc__.splitlines()[0], prog="python -m experiments.plan_incident")
-    add_out_flags(ap, RECORD)
-    ap.add_argument("--prompt-len", type=int_in_range(1), default=SEED_SHAPE["prompt_len"],
-                    help="prompt tokens (seed: 32772)")
-    ap.add_argument("--block-size", type=int_in_range(1), default=SEED_SHAPE["block_size"],
-                    help="KV block size (seed: 16)")
-    add_prefill_budget_flag(ap, SEED_SHAPE["budget"])
-    ap.add_argument("--interval", type=int_in_range(0), default=512, help="snapshot interval in blocks (0 = off)")
-    ap.add_argument("--seed", type=int_in_range(0), default=0, help="prompt RNG seed")
-    ap.add_argument("--model", type=model_name, default="small",
-                    help="the preset (or checkpoint folder) the placeholder stands in for: its shape sizes a "
-                         "policy's vLLM block and kernel chunk (no weights are built)")
-    add_policy_flag(ap, "compared with legacy")
-    return ap
+class PlanIncident(Study):
+    record = RECORD
+    prog = "python -m experiments.plan_incident"
+    description = __doc__.splitlines()[0]
+    replot = False  # nothing drawn: the JSON is the result
 
+    def add_flags(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--prompt-len", type=int_in_range(1), default=SEED_SHAPE["prompt_len"],
+                        help="prompt tokens (seed: 32772)")
+        ap.add_argument("--block-size", type=int_in_range(1), default=SEED_SHAPE["block_size"],
+                        help="KV block size (seed: 16)")
+        add_prefill_budget_flag(ap, SEED_SHAPE["budget"])
+        ap.add_argument("--interval", type=int_in_range(0), default=512, help="snapshot interval in blocks (0 = off)")
+        ap.add_argument("--seed", type=int_in_range(0), default=0, help="prompt RNG seed")
+        ap.add_argument("--model", type=model_name, default="small",
+                        help="the preset (or checkpoint folder) the placeholder stands in for: its shape sizes a "
+                             "policy's vLLM block and kernel chunk (no weights are built)")
+        add_policy_flag(ap, "compared with legacy")
 
-def show_beside_record(result: dict, policies: list[str], out) -> None:
-    """Restore point and replay per policy beside the committed results/plan_incident/plan_incident.json."""
-    path = record_folder(RECORD) / JSON_NAME
-    if writes_record(out) or not path.is_file():
-        return
-    try:
+    def check(self, ctx: Context) -> None:
+        a = ctx.args
+        require_block_of_budget(ctx.ap, a.prefill_budget, a.block_size, slots=1, budget_flag="--prefill-budget")
+
+    def policies(self, args) -> list[str]:
+        return list(dict.fromkeys(("legacy", args.policy)))
+
+    def run(self, ctx: Context) -> list[Path]:
+        args, out = ctx.args, ctx.out
+        result = {"config": ctx.config() | {"out": str(out), "budget": args.prefill_budget},
+                  "environment": environment(), "seed_figures": SEED_FIGURES, "effective_settings": {}}
+        for policy in self.policies(args):
+            engine = policy_engine(policy, args.model, args.prompt_len, args.block_size, args.prefill_budget,
+                                   args.interval)
+            result["effective_settings"][policy] = engine.effective_settings
+            r = run_policy(engine, args.prompt_len, args.seed)
+            result[policy] = r
+            log(f"{policy:>8}: chunk ends {r['chunk_ends']}  snapshots {r['snapshot_positions']}  "
+                f"warm match {r['warm_kv_match']} -> restore {r['warm_restore_at']}, replay {r['warm_replayed_tokens']}")
+        return [write_json(out / JSON_NAME, result)]
+
+    def headline(self, ctx: Context) -> list[tuple]:
+        """Restore point and replay per policy beside the committed results/plan_incident/plan_incident.json."""
+        path = self.committed(JSON_NAME)
+        if path is None:
+            return []
         committed = read_json(path, ("legacy",), what="a plan_incident result JSON")
-    except InputError as e:
-        log(f"no comparison with the committed record: {e}")
-        return
-    rows = []
-    for p in policies:
-        theirs = committed.get(p, {})
-        rows += [(f"{p} warm_restore_at", result[p]["warm_restore_at"], theirs.get("warm_restore_at")),
-                 (f"{p} warm_replayed_tokens", result[p]["warm_replayed_tokens"], theirs.get("warm_replayed_tokens"))]
-    beside_record(rows, RECORD)
+        result = read_json(ctx.out / JSON_NAME)
+        rows = []
+        for p in self.policies(ctx.args):
+            theirs = committed.get(p, {})
+            rows += [(f"{p} warm_restore_at", result[p]["warm_restore_at"], theirs.get("warm_restore_at")),
+                     (f"{p} warm_replayed_tokens", result[p]["warm_replayed_tokens"],
+                      theirs.get("warm_replayed_tokens"))]
+        return rows
 
 
-@fail_on_input_error(parser)
-def main(argv=None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    require_block_of_budget(ap, args.prefill_budget, args.block_size, slots=1, budget_flag="--prefill-budget")
-    out = resolve_out(ap, args)
-    config = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "publish"}
-    result = {"config": config | {"out": str(out), "budget": args.prefill_budget}, "environment": environment(),
-              "seed_figures": SEED_FIGURES, "effective_settings": {}}
-    policies = list(dict.fromkeys(("legacy", args.policy)))
-    for policy in policies:
-        engine = policy_engine(policy, args.model, args.prompt_len, args.block_size, args.prefill_budget,
-                               args.interval)
-        result["effective_settings"][policy] = engine.effective_settings
-        r = run_policy(engine, args.prompt_len, args.seed)
-        result[policy] = r
-        log(f"{policy:>8}: chunk ends {r['chunk_ends']}  snapshots {r['snapshot_positions']}  "
-            f"warm match {r['warm_kv_match']} -> restore {r['warm_restore_at']}, replay {r['warm_replayed_tokens']}")
-    path = write_json(out / JSON_NAME, result)
-    show_beside_record(result, policies, out)
-    report_written([path])
-    return 0
-
+STUDY = PlanIncident()
+parser = STUDY.parser
+main = STUDY.main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_study(STUDY)
