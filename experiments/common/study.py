@@ -166,9 +166,10 @@ class Study:
     def _main(self, ap: argparse.ArgumentParser, argv) -> int:
         args = ap.parse_args(argv)
         ctx = Context(ap, args, getattr(args, "out", None), replotting=bool(getattr(args, "replot", False)))
-        precheck_out(ap, ctx.out)
-        self.check(ctx)
         reading = self.reading(args)
+        if reading is None:  # a folder to make: one that cannot be is refused before the checks read anything
+            precheck_out(ap, ctx.out)
+        self.check(ctx)
         if self.folder != "optional":
             ctx.out = resolve_out(ap, args, reading=reading)
         if ctx.replotting:

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from experiments.common.flags import add_model_flags, add_prefill_budget_flag, int_in_range, new_parser
+from experiments.common.flags import add_model_flags, add_prefill_budget_flag, int_in_range
 from experiments.common.results_io import log
 from experiments.common.runs import build_model, dense_serve, max_abs_diff, random_prompt, serve, set_threads
+from experiments.common.study import Context, Study, run_study
 from model.engine import Engine
 from model.engine.spill import FileSpill
 from model.hybrid import HybridLM
@@ -53,52 +53,60 @@ def disk_engine(model: HybridLM, policy: str, args, folder: Path) -> Engine:
                             **settings)
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = new_parser("Serve the warm-restore prompt from a disk tier an earlier process spilled to.",
-                    prog="python -m experiments.warm_restore.disk_restart")
-    ap.add_argument("--folder", type=Path, required=True, help="the disk tier's folder (cold_logits.pt beside)")
-    ap.add_argument("--restore-at", type=int_in_range(1), required=True,
-                    help="the snapshot the warm request should restore (the first process's warm restore point)")
-    add_model_flags(ap)
-    ap.add_argument("--policy", default="aligned")
-    ap.add_argument("--prompt-len", type=int_in_range(21), required=True)
-    ap.add_argument("--block-size", type=int_in_range(1), required=True)
-    add_prefill_budget_flag(ap, 8192)
-    ap.add_argument("--interval", type=int_in_range(0), default=512)
-    return ap
+class DiskRestart(Study):
+    """The warm_restore study's second process: no run folder (it writes into --folder), no figures."""
+    prog = "python -m experiments.warm_restore.disk_restart"
+    description = "Serve the warm-restore prompt from a disk tier an earlier process spilled to."
+    folder = "optional"
+    replot = False
+
+    def add_flags(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--folder", type=Path, required=True, help="the disk tier's folder (cold_logits.pt beside)")
+        ap.add_argument("--restore-at", type=int_in_range(1), required=True,
+                        help="the snapshot the warm request should restore (the first process's warm restore point)")
+        add_model_flags(ap)
+        ap.add_argument("--policy", default="aligned")
+        ap.add_argument("--prompt-len", type=int_in_range(21), required=True)
+        ap.add_argument("--block-size", type=int_in_range(1), required=True)
+        add_prefill_budget_flag(ap, 8192)
+        ap.add_argument("--interval", type=int_in_range(0), default=512)
+
+    def run(self, ctx: Context) -> list[Path]:
+        """Writes RESULT into --folder (the parent process reads it); no run folder of its own."""
+        args = ctx.args
+        started = time.perf_counter()
+        set_threads(args.threads)
+        model = build_model(args.model, device=args.device, seed=args.seed, dtype=args.dtype, backend=args.backend)
+        t0 = time.perf_counter()
+        engine = disk_engine(model, args.policy, args, args.folder)
+        store = engine.snapshots
+        found = {"adopted": store.stats.adopted, "adopted_positions": store.positions("disk"),
+                 "open_s": time.perf_counter() - t0}  # the weights' digest, the index replayed
+        prompt = random_prompt(args.prompt_len, model.config.vocab_size, args.seed)
+        rebuild = serve(engine, prompt[: args.restore_at], "kv-rebuild")
+        warm = serve(engine, prompt, "warm-from-disk")
+        # the same again, the snapshot moved back to disk first: a restore from disk past the process's first
+        again = [(store.spill_all(), serve(engine, prompt, f"warm-from-disk-{i}"))[1].metrics.ttft_s for i in range(2)]
+        cold_logits = torch.load(args.folder / COLD_LOGITS)
+        m = warm.metrics
+        result = found | {
+            "kv_rebuild": {"tokens": args.restore_at, "restore_at": rebuild.metrics.restore_at,
+                           "ttft_s": rebuild.metrics.ttft_s, "snapshot_positions": rebuild.metrics.snapshot_positions},
+            "kv_match": m.kv_match_tokens, "restore_at": m.restore_at, "replayed_tokens": m.replayed_tokens,
+            "ttft_s": m.ttft_s, "ttft_s_again": again, "restore_transfer_s": m.restore_transfer_s,
+            "promoted_from_disk": store.stats.promoted["disk"] - len(again), "spill_failures": store.stats.spill_failures,
+            "max_abs_logit_diff_vs_cold": max_abs_diff(engine.prompt_logits[warm.request_id], cold_logits),
+            "first_token": warm.output_token_ids[0], "process_s": time.perf_counter() - started,
+        }
+        (args.folder / RESULT).write_text(json.dumps(result, indent=1))
+        log(f"disk restart: {result['adopted']} snapshots found, warm restore {m.restore_at}, replay {m.replayed_tokens}, "
+            f"TTFT {m.ttft_s:.3f} s, logit diff vs cold {result['max_abs_logit_diff_vs_cold']:.2e}")
+        return []
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    started = time.perf_counter()
-    set_threads(args.threads)
-    model = build_model(args.model, device=args.device, seed=args.seed, dtype=args.dtype, backend=args.backend)
-    t0 = time.perf_counter()
-    engine = disk_engine(model, args.policy, args, args.folder)
-    store = engine.snapshots
-    found = {"adopted": store.stats.adopted, "adopted_positions": store.positions("disk"),
-             "open_s": time.perf_counter() - t0}  # the weights' digest, the index replayed
-    prompt = random_prompt(args.prompt_len, model.config.vocab_size, args.seed)
-    rebuild = serve(engine, prompt[: args.restore_at], "kv-rebuild")
-    warm = serve(engine, prompt, "warm-from-disk")
-    # the same again, the snapshot moved back to disk first: a restore from disk past the process's first
-    again = [(store.spill_all(), serve(engine, prompt, f"warm-from-disk-{i}"))[1].metrics.ttft_s for i in range(2)]
-    cold_logits = torch.load(args.folder / COLD_LOGITS)
-    m = warm.metrics
-    result = found | {
-        "kv_rebuild": {"tokens": args.restore_at, "restore_at": rebuild.metrics.restore_at,
-                       "ttft_s": rebuild.metrics.ttft_s, "snapshot_positions": rebuild.metrics.snapshot_positions},
-        "kv_match": m.kv_match_tokens, "restore_at": m.restore_at, "replayed_tokens": m.replayed_tokens,
-        "ttft_s": m.ttft_s, "ttft_s_again": again, "restore_transfer_s": m.restore_transfer_s,
-        "promoted_from_disk": store.stats.promoted["disk"] - len(again), "spill_failures": store.stats.spill_failures,
-        "max_abs_logit_diff_vs_cold": max_abs_diff(engine.prompt_logits[warm.request_id], cold_logits),
-        "first_token": warm.output_token_ids[0], "process_s": time.perf_counter() - started,
-    }
-    (args.folder / RESULT).write_text(json.dumps(result, indent=1))
-    log(f"disk restart: {result['adopted']} snapshots found, warm restore {m.restore_at}, replay {m.replayed_tokens}, "
-        f"TTFT {m.ttft_s:.3f} s, logit diff vs cold {result['max_abs_logit_diff_vs_cold']:.2e}")
-    return 0
-
+STUDY = DiskRestart()
+parser = STUDY.parser
+main = STUDY.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)

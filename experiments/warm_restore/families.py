@@ -13,14 +13,10 @@ Writes `families.csv` (the data) and `families.md` (the same table) beside the J
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-from experiments.common.flags import new_parser
-from experiments.common.inputs import fail_on_input_error
-from experiments.common.outputs import add_out_flags, report_written, resolve_out
 from experiments.common.results_io import write_csv, write_text
+from experiments.common.study import Context, Study, run_study
 from experiments.warm_restore.study import RECORD, read_result
 from experiments.warm_restore.report import BASELINE, compared, ratio_key
 from model.families import PRESETS
@@ -57,26 +53,27 @@ def markdown(rows: list[dict]) -> str:
            "(`python -m experiments.warm_restore.families`).\n\n" + "\n".join(lines) + "\n"
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = new_parser(__doc__.splitlines()[0], prog="python -m experiments.warm_restore.families")
-    add_out_flags(ap, RECORD)
-    return ap
+class Families(Study):
+    """Reads the run folder (--out, --publish's record, or the newest run) and writes its table there."""
+    record = RECORD
+    prog = "python -m experiments.warm_restore.families"
+    description = __doc__.splitlines()[0]
+    folder = "read"
+    replot = False
+
+    def run(self, ctx: Context) -> list[Path]:
+        root = ctx.out
+        paths = sorted(root.rglob("warm_restore.json"))
+        if not paths:
+            ctx.error(f"argument --out: no warm_restore.json under {root}")
+        rows = [row(p, root) for p in paths]
+        print(markdown(rows))
+        return [write_csv(root / "families.csv", rows), write_text(root / "families.md", markdown(rows))]
 
 
-@fail_on_input_error(parser)
-def main(argv=None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    root = resolve_out(ap, args, reading="--out")
-    paths = sorted(root.rglob("warm_restore.json"))
-    if not paths:
-        ap.error(f"argument --out: no warm_restore.json under {root}")
-    rows = [row(p, root) for p in paths]
-    written = [write_csv(root / "families.csv", rows), write_text(root / "families.md", markdown(rows))]
-    print(markdown(rows))
-    report_written(written)
-    return 0
-
+STUDY = Families()
+parser = STUDY.parser
+main = STUDY.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)

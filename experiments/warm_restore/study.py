@@ -48,14 +48,13 @@ from pathlib import Path
 
 import torch
 
-from experiments.common.flags import (ONLINE_POLICIES, add_model_flags, add_prefill_budget_flag, add_replot_flag,
-                                      int_in_range, new_parser, policy_name, require_block_of_budget)
-from experiments.common.inputs import InputError, fail_on_input_error, read_json
-from experiments.common.outputs import (add_out_flags, beside_record, record_folder, report_written, resolve_out,
-                                        writes_record)
+from experiments.common.flags import (ONLINE_POLICIES, add_model_flags, add_prefill_budget_flag, int_in_range,
+                                      policy_name, require_block_of_budget)
+from experiments.common.inputs import InputError, read_json
 from experiments.common.progress import Progress
 from experiments.common.results_io import environment, log, write_json, write_text
-from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, build_model_or_exit, cold_record, dense_serve,
+from experiments.common.study import Context, Ran, Study, run_study
+from experiments.common.runs import (SEED_FIGURES, SEED_SHAPE, build_model, cold_record, dense_serve,
                               machine_load, max_abs_diff, model_summary, random_prompt, serve,
                               set_threads, warm_record, warm_up)
 from experiments.warm_restore import disk_restart as restart
@@ -210,28 +209,6 @@ RECORD = "warm_restore"
 JSON_NAME = "warm_restore.json"
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = new_parser("Reproduce the seed's warm-restore incident on the hybrid model.",
-                    prog="python -m experiments.warm_restore")
-    add_out_flags(ap, RECORD)
-    add_model_flags(ap)
-    ap.add_argument("--policy", default="aligned", type=policy_name(p for p in ONLINE_POLICIES if p != BASELINE),
-                    help="placement policy compared with legacy (planner.policies.registry)")
-    ap.add_argument("--repeats", type=int_in_range(1), default=5,
-                    help="warm requests per policy, interleaved in pairs (min, median and spread)")
-    ap.add_argument("--prompt-len", type=int_in_range(21), default=SEED_SHAPE["prompt_len"],
-                    help="prompt tokens (seed: 32772; at least 21: the replay curve measures 1, 4 and 20 tokens)")
-    ap.add_argument("--block-size", type=int_in_range(1), default=SEED_SHAPE["block_size"],
-                    help="KV block size (seed: 16)")
-    add_prefill_budget_flag(ap, SEED_SHAPE["budget"])
-    ap.add_argument("--interval", type=int_in_range(0), default=512,
-                    help="interval snapshots every this many blocks (0 = off)")
-    ap.add_argument("--curve-repeats", type=int_in_range(1), default=3,
-                    help="repeats per point of the replay-cost curve")
-    add_replot_flag(ap)
-    return ap
-
-
 # what the figure and the report read from a warm_restore.json (checked before drawing)
 RESULT_KEYS = ("config", "environment", "model", "replay_curve", "replay_fit", "warm_ttft_ratio_spread")
 CONFIG_KEYS = ("prompt_len", "block_size", "budget", "repeats", "backend", "dtype", "device", "threads", "seed")
@@ -254,46 +231,12 @@ def read_result(path: Path) -> dict:
     return result
 
 
-def draw(result: dict, out: Path) -> list[Path]:
-    """The figure and the report from the JSON's data; returns the files written."""
-    png = plot(result, out / "warm_restore.png")
-    readme = write_text(out / "README.md", report(result))
-    return [png, readme]
-
-
-def headline_rows(result: dict, committed: dict) -> list[tuple]:
-    """Per policy: restore point, replayed tokens, warm TTFT; then the ratio (this run, the record)."""
-    other = compared(result)
-    rows = []
-    for p in (BASELINE, other):
-        ours, theirs = result[p], committed.get(p, {})
-        rows += [(f"{p} warm_restore_at", ours["warm_restore_at"], theirs.get("warm_restore_at")),
-                 (f"{p} warm_replayed_tokens", ours["warm_replayed_tokens"], theirs.get("warm_replayed_tokens")),
-                 (f"{p} warm TTFT (s)", ours["warm_ttft_s"], theirs.get("warm_ttft_s"))]
-    rows.append((f"ratio {BASELINE}/{other}", result[ratio_key(other)], committed.get(ratio_key(other))))
-    return rows
-
-
-def show_beside_record(result: dict, out: Path) -> None:
-    """This run's headline beside the committed results/warm_restore/warm_restore.json (if any and not this)."""
-    path = record_folder(RECORD) / JSON_NAME
-    if writes_record(out) or not path.is_file():
-        return
-    try:
-        committed = read_result(path)
-    except InputError as e:
-        log(f"no comparison with the committed record: {e}")
-        return
-    beside_record(headline_rows(result, committed), RECORD)
-
-
-def measure(model: HybridLM, args) -> dict:
+def measure(model: HybridLM, args, config: dict) -> dict:
     """Everything the JSON holds: both policies, the headline ratio, the replay curve, the load."""
     loadavg_start = os.getloadavg()
     prompt = random_prompt(args.prompt_len, model.config.vocab_size, args.seed)
-    config = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("publish", "replot")}
     # "budget" and "preset": the names the figure and older readers use
-    result = {"config": config | {"out": str(args.out), "preset": args.model, "budget": args.prefill_budget},
+    result = {"config": config | {"preset": args.model, "budget": args.prefill_budget},
               "environment": environment(args.device), "model": model_summary(model), "seed_figures": SEED_FIGURES}
     with tempfile.TemporaryDirectory(prefix="warm_restore_disk_") as disk_folder:
         result |= measure_all(model, prompt, args, Path(disk_folder))
@@ -327,38 +270,75 @@ def measure_all(model: HybridLM, prompt: list[int], args, disk_folder: Path) -> 
     return result
 
 
-@fail_on_input_error(parser)
-def main(argv=None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    if args.replot:
-        out = resolve_out(ap, args, reading="--replot")
-        result = read_result(out / JSON_NAME)
-        try:
-            written = draw(result, out)
-        except (KeyError, ValueError, TypeError, IndexError, ZeroDivisionError) as e:  # values that do not draw
-            raise InputError(f"{out / JSON_NAME}: cannot be drawn ({type(e).__name__}: {e})") from None
-        report_written(written)
-        return 0
-    require_block_of_budget(ap, args.prefill_budget, args.block_size, slots=1, budget_flag="--prefill-budget")
-    out = resolve_out(ap, args)
-    log(f"writing to {out}")
-    set_threads(args.threads)
-    torch.manual_seed(args.seed)
-    model = build_model_or_exit(ap, out, args.model, device=args.device, seed=args.seed, dtype=args.dtype,
-                                backend=args.backend)
-    warm_up(model)
-    result = measure(model, args)
-    written = [write_json(out / JSON_NAME, result), *draw(result, out)]
-    log(f"ratio {BASELINE}/{args.policy} {result[ratio_key(args.policy)]:.1f}")
-    show_beside_record(result, out)
-    report_written(written)
-    shape = {"prompt_len": args.prompt_len, "block_size": args.block_size, "budget": args.prefill_budget}
-    seed_shape = shape == SEED_SHAPE and args.policy == "aligned"
-    got = {p: (result[p]["warm_restore_at"], result[p]["warm_replayed_tokens"]) for p in (BASELINE, args.policy)}
-    want = {p: (SEED_FIGURES[p]["warm_restore_at"], SEED_FIGURES[p]["warm_replayed_tokens"]) for p in got}
-    return 0 if got == want or not seed_shape else 1
+class WarmRestore(Study):
+    record = RECORD
+    prog = "python -m experiments.warm_restore"
+    description = "Reproduce the seed's warm-restore incident on the hybrid model."
 
+    def add_flags(self, ap: argparse.ArgumentParser) -> None:
+        add_model_flags(ap)
+        ap.add_argument("--policy", default="aligned", type=policy_name(p for p in ONLINE_POLICIES if p != BASELINE),
+                        help="placement policy compared with legacy (planner.policies.registry)")
+        ap.add_argument("--repeats", type=int_in_range(1), default=5,
+                        help="warm requests per policy, interleaved in pairs (min, median and spread)")
+        ap.add_argument("--prompt-len", type=int_in_range(21), default=SEED_SHAPE["prompt_len"],
+                        help="prompt tokens (seed: 32772; at least 21: the replay curve measures 1, 4 and 20 tokens)")
+        ap.add_argument("--block-size", type=int_in_range(1), default=SEED_SHAPE["block_size"],
+                        help="KV block size (seed: 16)")
+        add_prefill_budget_flag(ap, SEED_SHAPE["budget"])
+        ap.add_argument("--interval", type=int_in_range(0), default=512,
+                        help="interval snapshots every this many blocks (0 = off)")
+        ap.add_argument("--curve-repeats", type=int_in_range(1), default=3,
+                        help="repeats per point of the replay-cost curve")
+
+    def check(self, ctx: Context) -> None:
+        a = ctx.args
+        require_block_of_budget(ctx.ap, a.prefill_budget, a.block_size, slots=1, budget_flag="--prefill-budget")
+
+    def run(self, ctx: Context) -> Ran:
+        """Both policies on one model; exit 1 when the seed's shape does not give the seed's restore points."""
+        args = ctx.args
+        set_threads(args.threads)
+        torch.manual_seed(args.seed)
+        model = build_model(args.model, device=args.device, seed=args.seed, dtype=args.dtype, backend=args.backend)
+        warm_up(model)
+        result = measure(model, args, ctx.config())
+        path = write_json(ctx.out / JSON_NAME, result)
+        log(f"ratio {BASELINE}/{args.policy} {result[ratio_key(args.policy)]:.1f}")
+        shape = {"prompt_len": args.prompt_len, "block_size": args.block_size, "budget": args.prefill_budget}
+        seed_shape = shape == SEED_SHAPE and args.policy == "aligned"
+        got = {p: (result[p]["warm_restore_at"], result[p]["warm_replayed_tokens"]) for p in (BASELINE, args.policy)}
+        want = {p: (SEED_FIGURES[p]["warm_restore_at"], SEED_FIGURES[p]["warm_replayed_tokens"]) for p in got}
+        return Ran([path], status=0 if got == want or not seed_shape else 1)
+
+    def figures(self, ctx: Context) -> list[Path]:
+        """The figure and the report from the JSON's data."""
+        result = read_result(ctx.out / JSON_NAME)
+        try:
+            return [plot(result, ctx.out / "warm_restore.png"), write_text(ctx.out / "README.md", report(result))]
+        except (KeyError, ValueError, TypeError, IndexError, ZeroDivisionError) as e:  # values that do not draw
+            raise InputError(f"{ctx.out / JSON_NAME}: cannot be drawn ({type(e).__name__}: {e})") from None
+
+    def headline(self, ctx: Context) -> list[tuple]:
+        """Per policy: restore point, replayed tokens, warm TTFT; then the ratio (this run, the record)."""
+        path = self.committed(JSON_NAME)
+        if path is None:
+            return []
+        committed, result = read_result(path), read_result(ctx.out / JSON_NAME)
+        other = compared(result)
+        rows = []
+        for p in (BASELINE, other):
+            ours, theirs = result[p], committed.get(p, {})
+            rows += [(f"{p} warm_restore_at", ours["warm_restore_at"], theirs.get("warm_restore_at")),
+                     (f"{p} warm_replayed_tokens", ours["warm_replayed_tokens"], theirs.get("warm_replayed_tokens")),
+                     (f"{p} warm TTFT (s)", ours["warm_ttft_s"], theirs.get("warm_ttft_s"))]
+        rows.append((f"ratio {BASELINE}/{other}", result[ratio_key(other)], committed.get(ratio_key(other))))
+        return rows
+
+
+STUDY = WarmRestore()
+parser = STUDY.parser
+main = STUDY.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)
