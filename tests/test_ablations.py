@@ -48,7 +48,8 @@ def test_prompt_length_sweep_scaled_incident_and_capture(tmp_path):
     # one engine setting per policy (the capture mode is not one of them): block 4, the tiny
     # model's kernel chunk 16, no decode state, LRU (legacy's and aligned's fields)
     seed_engine = {"block_size": 4, "state_block": 0, "kernel_chunk": 16, "decode_snapshots": False,
-                   "decode_snapshot_grid": 0, "prefix_match_unit": 0, "eviction": "lru"}
+                   "decode_snapshot_grid": 0, "prefix_match_unit": 0, "eviction": "lru",
+                   "snapshot_dtype": "float32"}
     assert meta["effective_settings"] == {p: [{"policy": p} | seed_engine] for p in ("legacy", "aligned")}
     assert got[(260, "aligned")]["effective_settings"] == {"policy": "aligned"} | seed_engine
 

@@ -68,7 +68,8 @@ def expected(policy: str, padded: int, kernel: int) -> dict:
     block, state, decode, grid, eviction = table(padded, kernel)[policy]
     return {"policy": policy, "block_size": block, "state_block": state, "kernel_chunk": kernel,
             "decode_snapshots": decode, "decode_snapshot_grid": grid,
-            "prefix_match_unit": 1 if policy == "ours-plus" else 0, "eviction": eviction}
+            "prefix_match_unit": 1 if policy == "ours-plus" else 0, "eviction": eviction,
+            "snapshot_dtype": "float32"}  # no policy sets it (model.engine.settings rule 3)
 
 
 SHAPES = {"tiny": (48, 16), "bamba-9b": (528, 256)}  # (V, kernel chunk), derived in the docstring

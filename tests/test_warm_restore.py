@@ -57,7 +57,8 @@ def test_scaled_incident_with_paired_repeats_and_machine_load(tmp_path):
     # what each engine ran under: block 4 as asked; legacy and aligned keep no decode state and
     # evict LRU (their policies' fields); the kernel chunk is the tiny model's 16
     seed_engine = {"block_size": 4, "state_block": 0, "kernel_chunk": 16, "decode_snapshots": False,
-                   "decode_snapshot_grid": 0, "prefix_match_unit": 0, "eviction": "lru"}
+                   "decode_snapshot_grid": 0, "prefix_match_unit": 0, "eviction": "lru",
+                   "snapshot_dtype": "float32"}
     assert result["effective_settings"] == {p: {"policy": p} | seed_engine for p in ("legacy", "aligned")}
     assert [p["replayed_tokens"] for p in result["replay_curve"]] == [1, 4, 20, 64, 256]
     # a fresh process over the disk folder the aligned engine spilled its one snapshot to (the split

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from experiments.common.results_io import parse_shard
+from model.engine.snapshot_codec import SNAPSHOT_DTYPES
 from model.families import PRESETS, config_from_json_file
 from model.loading import INDEX_FILE, SINGLE_FILE
 from planner.policies.registry import POLICIES
@@ -291,6 +292,15 @@ def add_policy_list_flag(ap: argparse.ArgumentParser, default: Iterable[str], al
 def add_dtype_flag(ap: argparse.ArgumentParser, default: str = "float32", allowed: Iterable[str] = DTYPES,
                    what: str = "model dtype") -> None:
     ap.add_argument("--dtype", default=default, choices=tuple(allowed), help=what)
+
+
+def add_snapshot_dtype_flag(ap: argparse.ArgumentParser) -> None:
+    """`--snapshot-dtype`: the dtype snapshots are stored in (`model.engine.snapshot_codec`); absent: the
+    states' own (float32), and the run's config does not name it (records made without it stay comparable)."""
+    ap.add_argument("--snapshot-dtype", choices=tuple(SNAPSHOT_DTYPES), default=None,
+                    help="store snapshots in this dtype: bfloat16 (a cast) or float8_e4m3fn (a per-tensor scale) "
+                         "holds ~2x / ~4x more of fp32 states under a budget, restored with their rounding error "
+                         "(results/snapshot_dtype); absent: the states' own dtype, exact")
 
 
 def add_prefill_budget_flag(ap: argparse.ArgumentParser, default: int) -> None:

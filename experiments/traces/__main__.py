@@ -18,7 +18,7 @@ from pathlib import Path
 
 from experiments.common import compact, sweep_parts
 from experiments.common.flags import (add_limit_flag, add_policy_list_flag, add_prefill_budget_flag, add_replot_flag,
-                               float_in_range, int_in_range, name_list, new_parser, shard_spec)
+                               add_snapshot_dtype_flag, float_in_range, int_in_range, name_list, new_parser, shard_spec)
 from experiments.common.inputs import InputError, fail_on_input_error, read_json, require_extra
 from experiments.common.outputs import (RESULTS, add_out_flags, beside_record, check_writable, precheck_out,
                                         report_written, resolve_out, writes_record)
@@ -87,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
                          "policy but the optimum, whose oracle marks whole blocks (absent: each policy's own: "
                          "ours-plus 1, the others the block). Mooncake's prompts are 512-token hash blocks: a "
                          "finer unit gains only in a prompt's last, partial hash block and at reply ends")
+    add_snapshot_dtype_flag(ap)
     ap.add_argument("--model", choices=sorted(SHAPES), default="bamba-9b", help="the model shape of the cost model")
     add_limit_flag(ap, None)
     ap.add_argument("--start", type=int_in_range(0), default=0,
@@ -146,7 +147,7 @@ def config_of(args) -> dict:
               "trace_file": None if args.trace_file is None else str(args.trace_file)}
     if args.eviction is not None:  # only then: the sweeps without it keep their definition (and parts)
         config["eviction"] = args.eviction
-    for key in ("host_gb", "disk_gb", "start", "prefix_match_unit"):  # the same: only when asked
+    for key in ("host_gb", "disk_gb", "start", "prefix_match_unit", "snapshot_dtype"):  # the same: only when asked
         if getattr(args, key):
             config[key] = getattr(args, key)
     return config

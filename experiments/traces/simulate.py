@@ -35,6 +35,7 @@ from experiments.workloads.request import WorkloadRequest
 from kernels.checks import require
 from model.engine import Engine, resolve_settings
 from model.engine.placeholder_runner import PlaceholderRunner
+from model.engine.snapshot_codec import check_snapshot_dtype
 from planner.eviction import NextUseEviction
 from planner.eviction_registry import EVICTION_POLICIES
 from planner.policies.registry import get_policy
@@ -64,9 +65,14 @@ class SimConfig:
     # (ours-plus 1, the others the block). On Mooncake the prompts are 512-token hash blocks, so a
     # finer unit only gains inside a prompt's last, partial hash block and at reply ends.
     prefix_match_unit: int | None = None
+    # how snapshots are stored (`model.engine.snapshot_codec`; None: the states' own): only the bytes
+    # the store counts change (`ShapeCost.snapshot_bytes`), the simulator has no values to round
+    snapshot_dtype: str | None = None
 
     def __post_init__(self):
         get_policy(self.policy)
+        if self.snapshot_dtype is not None:
+            check_snapshot_dtype(self.snapshot_dtype)
         require(self.eviction is None or self.eviction in EVICTION_POLICIES, "eviction",
                 f"must be one of {sorted(EVICTION_POLICIES)} or None, got {self.eviction!r}")
         require(self.budget_gb is None or self.budget_gb >= 0, "budget_gb", f"must be >= 0 or None, got {self.budget_gb}")
@@ -90,7 +96,7 @@ class SimConfig:
                     num_kv_blocks=lambda block: max(1, kv_tokens // block), policy=self.policy, capture_mode="in_pass",
                     snapshot_byte_budget=None if self.budget_gb is None else int(self.budget_gb * GB),
                     eviction=self.eviction, snapshot_lower_tiers=self.lower_tiers(),
-                    prefix_match_unit=self.prefix_match_unit)
+                    prefix_match_unit=self.prefix_match_unit, snapshot_dtype=self.snapshot_dtype)
 
     def engine_settings(self, cost: ShapeCost) -> dict:
         """The flat engine settings this policy runs with (its block, decode states, budget, eviction):
@@ -121,7 +127,8 @@ def build_engine(cfg: SimConfig, cost: ShapeCost, clock: SimClock,
     eviction policy object that overrides the configured one (the optimum's next-use eviction)."""
     def make_runner(config) -> SimulatedRunner:
         s = config.scheduler
-        inner = PlaceholderRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, 64, cost.state_bytes,
+        inner = PlaceholderRunner(s.max_batch_size, s.num_kv_blocks, s.block_size, 64,
+                                  cost.snapshot_bytes(config.snapshot_dtype),
                                   check_whole_prefix=cfg.check_whole_prefix)
         return SimulatedRunner(inner, cost, clock)
 

@@ -88,7 +88,8 @@ def measure_point(point: dict, config: dict, progress_s: float | None = None) ->
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
                     kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"], eviction=config.get("eviction"),
                     host_gb=config.get("host_gb"), disk_gb=config.get("disk_gb"),
-                    prefix_match_unit=_match_unit(point["policy"], config))
+                    prefix_match_unit=_match_unit(point["policy"], config),
+                    snapshot_dtype=config.get("snapshot_dtype"))
     marks = uses = None
     if get_policy(cfg.policy).needs_oracle:
         marks, uses = oracle_for(point["trace"], point["reading"], config["limit"], config.get("trace_file"),

@@ -1,7 +1,8 @@
 """The engine: runs the scheduler's ticks on a runner, saves snapshots and restores them.
 
 Per tick: the scheduler picks rows (decode tokens and prefill chunks); a row admitted with a
-restore point gets its snapshot written into its state slot; the rows run as one batched
+restore point gets its snapshot written into its state slot (stored in `snapshot_dtype`:
+`model.engine.snapshot_codec` encodes it on save and decodes it here); the rows run as one batched
 forward; snapshots are saved where the plan says (a non-last chunk end: the slot's state after
 the chunk; a last chunk spanning the tail split point: the capture at that offset), and after
 a last chunk or decode row that ends at one of the request's `snapshot_marks` (an offline
@@ -56,6 +57,7 @@ from model.engine.model_runner import ModelRunner
 from model.engine.placeholder_runner import PlaceholderRunner
 from model.engine.runner import Runner
 from model.engine.settings import EFFECTIVE_KEYS, ModelShape, resolve_settings
+from model.engine.snapshot_codec import DEFAULT_SNAPSHOT_DTYPE, SnapshotCodec, check_snapshot_dtype
 from model.engine.spill import state_identity
 from model.engine.two_pass import run_in_passes
 from model.hybrid import HybridLM
@@ -89,8 +91,14 @@ class EngineConfig:
     # Tiers below the device budget (`planner.snapshot_tiers.Tier`: host memory, disk): the device's
     # eviction victims move down instead of leaving; a restore from one costs its transfer.
     snapshot_lower_tiers: tuple = ()
+    # The dtype snapshots are stored in (`model.engine.snapshot_codec`): "float32" keeps the states'
+    # own (fp32 SSM states; a warm restore bit-identical to a cold run); "bfloat16" or
+    # "float8_e4m3fn" (a per-tensor scale) hold ~2x / ~4x more under a budget, restored with their
+    # rounding error. Only when asked: no policy sets it.
+    snapshot_dtype: str = DEFAULT_SNAPSHOT_DTYPE
 
     def __post_init__(self):
+        check_snapshot_dtype(self.snapshot_dtype)
         require(self.capture_mode in CAPTURE_MODES, "capture_mode",
                 f"must be one of {CAPTURE_MODES}, got {self.capture_mode!r}")
         unit = self.scheduler.match_unit  # a decode state off the match grid could never be restored
@@ -190,7 +198,8 @@ class Engine:
                 f"(copy_kv_blocks); {type(runner).__name__} has none")
         for tier in config.snapshot_lower_tiers:  # a spill a later process reads: what its states mean
             if hasattr(tier.spill, "bind"):
-                tier.spill.bind(state_identity(runner, config.scheduler.block_size))
+                tier.spill.bind(state_identity(runner, config.scheduler.block_size, config.snapshot_dtype))
+        self.codec = SnapshotCodec(config.snapshot_dtype)  # encodes on save, decodes on restore
         self.snapshots = SnapshotStore(config.scheduler.block_size, config.snapshot_byte_budget,
                                        get_eviction(eviction) if eviction is not None else None,
                                        lower_tiers=config.snapshot_lower_tiers)
@@ -259,7 +268,7 @@ class Engine:
         values = {"policy": s.policy, "block_size": s.block_size, "state_block": s.state_block,
                   "kernel_chunk": s.kernel_chunk, "decode_snapshots": self.config.decode_snapshots,
                   "decode_snapshot_grid": self.config.decode_snapshot_grid, "prefix_match_unit": s.prefix_match_unit,
-                  "eviction": self.snapshots.eviction.name}
+                  "eviction": self.snapshots.eviction.name, "snapshot_dtype": self.config.snapshot_dtype}
         return {k: values[k] for k in EFFECTIVE_KEYS}
 
     # ------------------------------------------------------------------ intake
@@ -322,7 +331,7 @@ class Engine:
         for row in out.rows:
             if row.restore is not None:
                 self._charge_transfer(row.request)
-                self.runner.write_state(row.request.slot, row.restore_state)
+                self.runner.write_state(row.request.slot, self.codec.decode(row.restore_state))
         result = self._run(out.rows)
         sampled = self._sample_and_save(out.rows, result)
         if self.config.decode_snapshots and self.config.scheduler.enable_prefix_caching:
@@ -431,6 +440,7 @@ class Engine:
             self._save(row.request, end, self.runner.read_state(row.request.slot), origin="oracle")
 
     def _save(self, req: Request, position: int, state: Any, origin: str) -> None:
+        state = self.codec.encode(state)  # what the store holds and counts (the state itself by default)
         if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
                                flops_saved=self.snapshot_flops(position), origin=origin):
             self._record_save(req, position, int(state.nbytes))

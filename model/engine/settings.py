@@ -20,7 +20,9 @@ settings (`SchedulerConfig` and `EngineConfig` fields, plus `eviction`) and the 
    `decode_snapshots`, `decode_snapshot_grid`, `prefix_match_unit`, `eviction`. Rule 1 reads the values after this
    (an explicit `state_block` moves a "state" decode grid with it). `block_size` is always the
    base KV block (the attention kernel's): "kv" keeps it, "vllm" pads it;
-3. `num_kv_blocks` may be a function of the KV block rule 1 chose (a pool sized in tokens, or for
+3. `snapshot_dtype` (how snapshots are stored, `model.engine.snapshot_codec`): the given one, else
+   the states' own, "float32" (no conversion); no policy sets it: a smaller dtype only when asked;
+4. `num_kv_blocks` may be a function of the KV block rule 1 chose (a pool sized in tokens, or for
    a list of prompts), called with it.
 
 `EFFECTIVE_KEYS` are the settings a study records per policy as `effective_settings`
@@ -35,13 +37,14 @@ from typing import Any
 from kernels.checks import require
 from model.config import HybridConfig
 from model.cost import DELTA_RULE_CHUNK, ModelCost
+from model.engine.snapshot_codec import DEFAULT_SNAPSHOT_DTYPE, check_snapshot_dtype
 from planner.policies.base import PlacementPolicy
 from planner.policies.registry import get_policy
 from planner.policies.vllm import vllm_hybrid_block
 from planner.scheduler import SchedulerConfig
 
 EFFECTIVE_KEYS = ("policy", "block_size", "state_block", "kernel_chunk", "decode_snapshots", "decode_snapshot_grid",
-                  "prefix_match_unit", "eviction")
+                  "prefix_match_unit", "eviction", "snapshot_dtype")
 _DEFAULTS = SchedulerConfig()
 DELTA_RULE_CHUNK_FP32 = 32  # the delta-rule scan's chunk for fp32 inputs (kernels.gated_delta_rule.FP32_CHUNK_SIZE)
 
@@ -116,6 +119,7 @@ def resolve_settings(shape: ModelShape | None, **settings: Any) -> dict:
         out["decode_snapshot_grid"] = grid if out["decode_snapshots"] else 0
     if not _given(out, "eviction"):
         out["eviction"] = policy.eviction
+    out["snapshot_dtype"] = check_snapshot_dtype(out.get("snapshot_dtype") or DEFAULT_SNAPSHOT_DTYPE)
     if callable(out.get("num_kv_blocks")):
         out["num_kv_blocks"] = out["num_kv_blocks"](block)
     return out | {"policy": policy.name, "block_size": block}

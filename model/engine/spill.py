@@ -4,8 +4,10 @@ found again by a later process through an index beside the files.
 `FileSpill(folder)` is a `planner.snapshot_tiers.Spill`: the snapshot store hands it a state when it
 demotes the snapshot to the disk tier, and asks for it back (checked) when a request would restore
 it. A state is the model's `SSMState` (per Mamba layer its conv and SSM tensors; written as
-`conv.<i>` / `ssm.<i>`) or the placeholder runner's `PlaceholderState` (its three integers, as
-tensors). The handle keeps the file's sha256: a missing, truncated or altered file raises
+`conv.<i>` / `ssm.<i>`), a snapshot stored in a smaller dtype
+(`model.engine.snapshot_codec.QuantizedState`: its tensors as stored, fp8 ones with their scales
+`conv_scale.<i>` / `ssm_scale.<i>`) or the placeholder runner's `PlaceholderState` (its three
+integers, as tensors). The handle keeps the file's sha256: a missing, truncated or altered file raises
 `SpillError`, the store drops the snapshot with one log line, and the request recomputes: a wrong
 state is never restored.
 
@@ -60,6 +62,7 @@ from safetensors.torch import save as save_tensors
 from kernels.checks import require
 from model.cache import SSMState
 from model.engine.placeholder_runner import PlaceholderRunner, PlaceholderState
+from model.engine.snapshot_codec import DEFAULT_SNAPSHOT_DTYPE, QuantizedState
 from planner.snapshot_tiers import SpillEntry, SpillError
 
 LOG = logging.getLogger(__name__)
@@ -79,6 +82,11 @@ class SpilledState:
 
 
 def to_tensors(state: Any) -> dict[str, torch.Tensor]:
+    if isinstance(state, QuantizedState):
+        scales = {f"{kind}_scale.{i}": s.reshape(()).cpu() for kind, kind_scales in
+                  (("conv", state.conv_scale), ("ssm", state.ssm_scale)) for i, s in enumerate(kind_scales)
+                  if s is not None}
+        return to_tensors(SSMState(state.conv, state.ssm)) | scales
     if isinstance(state, SSMState):
         return {**{f"conv.{i}": t.contiguous().cpu() for i, t in enumerate(state.conv)},
                 **{f"ssm.{i}": t.contiguous().cpu() for i, t in enumerate(state.ssm)}}
@@ -92,16 +100,25 @@ def from_tensors(tensors: dict[str, torch.Tensor], device: torch.device | str) -
         position, hash_, nbytes = (int(x) for x in tensors["placeholder"])
         return PlaceholderState(position, hash_, nbytes)
     layers = len([k for k in tensors if k.startswith("conv.")])
+    if any("_scale." in k for k in tensors):  # an fp8 snapshot: dequantised on restore, not here
+        scale = lambda kind, i: tensors[f"{kind}_scale.{i}"].to(device) if f"{kind}_scale.{i}" in tensors else None
+        return QuantizedState([tensors[f"conv.{i}"].to(device) for i in range(layers)],
+                              [tensors[f"ssm.{i}"].to(device) for i in range(layers)],
+                              [scale("conv", i) for i in range(layers)], [scale("ssm", i) for i in range(layers)])
     return SSMState([tensors[f"conv.{i}"].to(device) for i in range(layers)],
                     [tensors[f"ssm.{i}"].to(device) for i in range(layers)])
 
 
-def state_identity(runner: Any, block_size: int) -> str:
+def state_identity(runner: Any, block_size: int, snapshot_dtype: str = DEFAULT_SNAPSHOT_DTYPE) -> str:
     """What a runner's snapshot states mean, as a hex digest: the hybrid model's config, dtype and
     every weight's bytes (a fine-tune of the same config differs), or the placeholder's state size;
-    and the KV block, which the keys' chained hashes are over. Hashing the weights reads them once:
+    the KV block, which the keys' chained hashes are over; and a snapshot dtype other than the
+    default (an engine never adopts states stored less precisely than it asked; the default's
+    digest is the one it always was). Hashing the weights reads them once:
     the 14.4M-parameter `small` preset (58 MB) in ~0.1 s here; a 9B bf16 model's 18 GB in tens of s."""
     h = hashlib.sha256(f"spill-v{INDEX_VERSION} block_size={block_size}\n".encode())
+    if snapshot_dtype != DEFAULT_SNAPSHOT_DTYPE:
+        h.update(f"snapshot_dtype={snapshot_dtype}\n".encode())
     model = getattr(runner, "model", None)
     if model is not None:
         h.update(json.dumps(dataclasses.asdict(model.config), sort_keys=True, default=str).encode())
