@@ -59,6 +59,7 @@ class Context:
     args: argparse.Namespace
     out: Path | None = None
     replotting: bool = False
+    reading: str | None = None  # the flag whose existing folder this invocation reads (--replot, --merge), or None
 
     def error(self, message: str) -> NoReturn:
         """One usage line (exit code 2); name the flag: 'argument --x: ...'."""
@@ -166,7 +167,7 @@ class Study:
     def _main(self, ap: argparse.ArgumentParser, argv) -> int:
         args = ap.parse_args(argv)
         ctx = Context(ap, args, getattr(args, "out", None), replotting=bool(getattr(args, "replot", False)))
-        reading = self.reading(args)
+        reading = ctx.reading = self.reading(args)
         if reading is None:  # a folder to make: one that cannot be is refused before the checks read anything
             precheck_out(ap, ctx.out)
         self.check(ctx)
@@ -188,6 +189,7 @@ class Study:
         if ran.finished:
             written += self.figures(ctx)
             self.show_headline(ctx)
+        written = list(dict.fromkeys(written))  # a file the run and the figures both name: listed once
         if written or self.folder != "optional":
             report_written(written)
         return ran.status

@@ -12,63 +12,22 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from experiments.common.flags import (add_model_flags, add_policy_flag, add_prefill_budget_flag, add_replot_flag,
-                               float_in_range, int_in_range, name_list, new_parser, require_block_of_budget,
-                               shard_spec)
+from experiments.common.flags import (add_model_flags, add_policy_flag, add_prefill_budget_flag, float_in_range,
+                                      int_in_range, name_list, require_block_of_budget, shard_spec)
 from experiments.common import sweep_parts
-from experiments.common.inputs import InputError, fail_on_input_error, read_csv, read_json
-from experiments.multiturn.report import OUTPUTS, REQUESTS, finalize, plot
-from experiments.multiturn.run import NAME, RunConfig, Study, configs_for, run_configs
-from experiments.common.outputs import (add_out_flags, beside_record, record_folder, report_written, resolve_out,
-                                        writes_record)
+from experiments.common.inputs import InputError, read_csv, read_json
 from experiments.common.results_io import log
 from experiments.common.runs import build_model_or_exit, model_config, set_threads, warm_up
+from experiments.common.study import Context, Ran, Study
+from experiments.multiturn.report import OUTPUTS, REQUESTS, finalize, plot
+from experiments.multiturn.run import NAME, RunConfig, Study as MultiturnSetup, configs_for, run_configs
 from experiments.workloads.synthetic import QUICK, SyntheticSessions, WorkloadConfig
 from model.cost import ModelCost
 from model.engine import ModelShape, PlaceholderRunner
-from planner.eviction_registry import EVICTION_POLICIES
+from planner.evictions.registry import EVICTION_POLICIES
 
 WORKLOAD_TYPES = {"user_median": float_in_range(0, lo_open=True), "user_sigma": float_in_range(0),
                   "branch_fraction": float_in_range(0, 1), "regenerate_fraction": float_in_range(0, 1)}
-
-
-def parser() -> argparse.ArgumentParser:
-    ap = new_parser("Multi-turn chat sessions through one engine, per policy and eviction.",
-                    prog="python -m experiments.multiturn")
-    add_out_flags(ap, NAME)
-    add_model_flags(ap, dtypes=(), backend=False)
-    ap.add_argument("--runner", default="model", choices=("model", "placeholder"),
-                    help="the real model, or the model-free placeholder runner (planner figures only, no TTFT meaning)")
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny workload (4 short sessions) for tests; the workload flags below override it")
-    for f in dataclasses.fields(WorkloadConfig):
-        if f.name == "seed":  # the study's --seed
-            continue
-        ap.add_argument("--" + f.name.replace("_", "-"), type=WORKLOAD_TYPES.get(f.name, int_in_range(1)), default=None,
-                        help=f"workload: {f.name.replace('_', ' ')} (default {f.default}; "
-                             f"--quick: {QUICK.get(f.name, f.default)})")
-    ap.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size")
-    add_prefill_budget_flag(ap, 512)
-    ap.add_argument("--interval", type=int_in_range(0), default=32,
-                    help="snapshot interval in blocks (0 = off; 32 blocks = one 512-token budget)")
-    ap.add_argument("--concurrency", type=int_in_range(1), default=2, help="requests in flight (= max_batch_size)")
-    ap.add_argument("--snapshot-budget", type=int_in_range(1), default=6,
-                    help="snapshot byte budget of the bounded configurations, in snapshots of this model")
-    add_policy_flag(ap, "compared with legacy (and the one with decode snapshots)")
-    ap.add_argument("--eviction", type=name_list(EVICTION_POLICIES), default=["lru", "flop_aware"],
-                    help=f"comma-separated snapshot evictions of the bounded configurations ({', '.join(EVICTION_POLICIES)}; "
-                         "the first also bounds the decode-snapshot one; default: lru,flop_aware)")
-    ap.add_argument("--flop-alpha", type=float_in_range(0), default=1.0,
-                    help="FLOP-aware eviction: weight of FLOPs/byte vs recency")
-    ap.add_argument("--configs", default=None,
-                    help="comma-separated configurations to run (default all; 'off' is the reference and always runs)")
-    ap.add_argument("--shard", type=shard_spec, default=(0, 1),
-                    help="run the configurations whose index %% n == i (i/n); combine the parts with --merge "
-                         "(default: 0/1)")
-    reading = ap.add_mutually_exclusive_group()
-    reading.add_argument("--merge", action="store_true", help="do not run: merge the part files in --out, check, plot")
-    add_replot_flag(reading)
-    return ap
 
 
 def workload_config(ap: argparse.ArgumentParser, args) -> WorkloadConfig:
@@ -93,7 +52,7 @@ def chosen_configs(ap: argparse.ArgumentParser, args) -> list[RunConfig]:
     return [c for c in every if c.name in wanted]
 
 
-def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tuple[Study, SyntheticSessions, int]:
+def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tuple[MultiturnSetup, SyntheticSessions, int]:
     """The model (or its FLOP model alone), the workload's requests, the shared settings; and the
     bytes of one snapshot."""
     model = shape = None
@@ -109,7 +68,7 @@ def build_study(ap: argparse.ArgumentParser, args, wcfg: WorkloadConfig) -> tupl
         vocab, flops, shape = 64, ModelCost(config).snapshot_flops, ModelShape.of(config, dtype_bytes=4)
         snapshot_nbytes = PlaceholderRunner(1, 1, args.block_size).snapshot_nbytes
     source = SyntheticSessions(wcfg, vocab)
-    study = Study(list(source.requests()), args.block_size, args.prefill_budget, args.interval, args.concurrency,
+    study = MultiturnSetup(list(source.requests()), args.block_size, args.prefill_budget, args.interval, args.concurrency,
                   args.snapshot_budget * snapshot_nbytes, flops, args.flop_alpha, model, vocab, shape)
     d = source.describe()
     log(f"workload: {d['n_requests']} requests, {len(source.sessions)} sessions, system prompt "
@@ -142,28 +101,6 @@ def replot(out: Path) -> list[Path]:
         raise InputError(f"{out / 'summary.csv'}: cannot be plotted ({type(e).__name__}: {e})") from None
 
 
-def show_beside_record(out: Path, policy: str) -> None:
-    """Replayed tokens and median TTFT of legacy and `policy` beside the committed results/multiturn/."""
-    path = record_folder(NAME) / "summary.csv"
-    if writes_record(out) or not path.is_file() or not (out / "summary.csv").is_file():
-        return
-    try:
-        committed = {r["config"]: r for r in read_csv(path, ("config", "replayed_tokens", "ttft_median_s"))}
-        ours = {r["config"]: r for r in read_csv(out / "summary.csv", ("config", "replayed_tokens", "ttft_median_s"))}
-    except InputError as e:
-        log(f"no comparison with the committed record: {e}")
-        return
-    num = lambda r, k, f: f(r[k]) if r and r.get(k) not in (None, "") else None  # noqa: E731
-    rows = []
-    for name in dict.fromkeys(("legacy", policy)):
-        if name in ours:
-            rows += [(f"{name} replayed tokens", num(ours[name], "replayed_tokens", int),
-                      num(committed.get(name), "replayed_tokens", int)),
-                     (f"{name} TTFT median (s)", num(ours[name], "ttft_median_s", float),
-                      num(committed.get(name), "ttft_median_s", float))]
-    beside_record(rows, NAME)
-
-
 def written_files(out: Path, shard: tuple[int, int] | None) -> list[Path]:
     files = [out / f for f in OUTPUTS if (out / f).is_file()]
     if shard is not None:
@@ -171,38 +108,96 @@ def written_files(out: Path, shard: tuple[int, int] | None) -> list[Path]:
     return files
 
 
-@fail_on_input_error(parser)
-def main(argv=None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    if args.replot:
-        report_written(replot(resolve_out(ap, args, reading="--replot")))
-        return 0
-    if args.merge:
-        out = resolve_out(ap, args, reading="--merge")
+class Multiturn(Study):
+    record = NAME
+    prog = "python -m experiments.multiturn"
+    description = "Multi-turn chat sessions through one engine, per policy and eviction."
+    merge = True
+
+    def add_flags(self, ap: argparse.ArgumentParser) -> None:
+        add_model_flags(ap, dtypes=(), backend=False)
+        ap.add_argument("--runner", default="model", choices=("model", "placeholder"),
+                        help="the real model, or the model-free placeholder runner (planner figures only, no TTFT "
+                             "meaning)")
+        ap.add_argument("--quick", action="store_true",
+                        help="tiny workload (4 short sessions) for tests; the workload flags below override it")
+        for f in dataclasses.fields(WorkloadConfig):
+            if f.name == "seed":  # the study's --seed
+                continue
+            ap.add_argument("--" + f.name.replace("_", "-"), type=WORKLOAD_TYPES.get(f.name, int_in_range(1)),
+                            default=None, help=f"workload: {f.name.replace('_', ' ')} (default {f.default}; "
+                                               f"--quick: {QUICK.get(f.name, f.default)})")
+        ap.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size")
+        add_prefill_budget_flag(ap, 512)
+        ap.add_argument("--interval", type=int_in_range(0), default=32,
+                        help="snapshot interval in blocks (0 = off; 32 blocks = one 512-token budget)")
+        ap.add_argument("--concurrency", type=int_in_range(1), default=2, help="requests in flight (= max_batch_size)")
+        ap.add_argument("--snapshot-budget", type=int_in_range(1), default=6,
+                        help="snapshot byte budget of the bounded configurations, in snapshots of this model")
+        add_policy_flag(ap, "compared with legacy (and the one with decode snapshots)")
+        ap.add_argument("--eviction", type=name_list(EVICTION_POLICIES), default=["lru", "flop_aware"],
+                        help=f"comma-separated snapshot evictions of the bounded configurations "
+                             f"({', '.join(EVICTION_POLICIES)}; the first also bounds the decode-snapshot one; "
+                             "default: lru,flop_aware)")
+        ap.add_argument("--flop-alpha", type=float_in_range(0), default=1.0,
+                        help="FLOP-aware eviction: weight of FLOPs/byte vs recency")
+        ap.add_argument("--configs", default=None,
+                        help="comma-separated configurations to run (default all; 'off' is the reference and always "
+                             "runs)")
+        ap.add_argument("--shard", type=shard_spec, default=(0, 1),
+                        help="run the configurations whose index %% n == i (i/n); combine the parts with --merge "
+                             "(default: 0/1)")
+
+    def check(self, ctx: Context) -> None:
+        if ctx.reading:
+            return
+        ap, args = ctx.ap, ctx.args
+        require_block_of_budget(ap, args.prefill_budget, args.block_size, args.concurrency,
+                                budget_flag="--prefill-budget")
+        workload_config(ap, args)
+        chosen_configs(ap, args)
+
+    def run(self, ctx: Context) -> Ran:
+        ap, args, out = ctx.ap, ctx.args, ctx.out
+        if args.merge:
+            status = finalize(out)
+            return Ran(written_files(out, None), status, finished=status == 0)
+        wcfg, configs = workload_config(ap, args), chosen_configs(ap, args)
+        set_threads(args.threads)
+        study, source, snapshot_nbytes = build_study(ap, args, wcfg)
+        config = ctx.config(("out", "shard", "configs", "quick")) | {
+            "preset": args.model, "configs": [c.name for c in configs],
+            "snapshot_budget_bytes": study.snapshot_budget_bytes,
+            "snapshot_nbytes": snapshot_nbytes, "kv_pool_blocks": study.kv_pool_blocks,
+            "workload_meta": source.describe()}
+        part = run_configs(study, configs, config, out, args.shard, args.device)
+        if args.shard[1] > 1:
+            log(f"merge when every shard is done: python -m experiments.multiturn --merge --out {out}")
+            return Ran(written_files(out, args.shard)[:1], 1 if part["failed"] else 0, finished=False)
         status = finalize(out)
-        show_beside_record(out, args.policy)
-        report_written(written_files(out, None))
-        return status
-    require_block_of_budget(ap, args.prefill_budget, args.block_size, args.concurrency, budget_flag="--prefill-budget")
-    wcfg = workload_config(ap, args)
-    configs = chosen_configs(ap, args)
-    out = resolve_out(ap, args)
-    log(f"writing to {out}")
-    set_threads(args.threads)
-    study, source, snapshot_nbytes = build_study(ap, args, wcfg)
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-              if k not in ("out", "shard", "merge", "replot", "configs", "quick", "publish") and not k.startswith("_")} | {
-        "preset": args.model, "configs": [c.name for c in configs],
-        "snapshot_budget_bytes": study.snapshot_budget_bytes,
-        "snapshot_nbytes": snapshot_nbytes, "kv_pool_blocks": study.kv_pool_blocks,
-        "workload_meta": source.describe()}
-    part = run_configs(study, configs, config, out, args.shard, args.device)
-    if args.shard[1] > 1:
-        log(f"merge when every shard is done: python -m experiments.multiturn --merge --out {out}")
-        report_written(written_files(out, args.shard)[:1])
-        return 1 if part["failed"] else 0
-    status = finalize(out)
-    show_beside_record(out, args.policy)
-    report_written(written_files(out, args.shard))
-    return status
+        return Ran(written_files(out, args.shard), status, finished=status == 0)
+
+    def figures(self, ctx: Context) -> list[Path]:
+        return replot(ctx.out)
+
+    def headline(self, ctx: Context) -> list[tuple]:
+        """Replayed tokens and median TTFT of legacy and --policy beside the committed results/multiturn/."""
+        path = self.committed("summary.csv")
+        if path is None or not (ctx.out / "summary.csv").is_file():
+            return []
+        committed = {r["config"]: r for r in read_csv(path, ("config", "replayed_tokens", "ttft_median_s"))}
+        ours = {r["config"]: r for r in read_csv(ctx.out / "summary.csv", ("config", "replayed_tokens", "ttft_median_s"))}
+        num = lambda r, k, f: f(r[k]) if r and r.get(k) not in (None, "") else None  # noqa: E731
+        rows = []
+        for name in dict.fromkeys(("legacy", ctx.args.policy)):
+            if name in ours:
+                rows += [(f"{name} replayed tokens", num(ours[name], "replayed_tokens", int),
+                          num(committed.get(name), "replayed_tokens", int)),
+                         (f"{name} TTFT median (s)", num(ours[name], "ttft_median_s", float),
+                          num(committed.get(name), "ttft_median_s", float))]
+        return rows
+
+
+STUDY = Multiturn()
+parser = STUDY.parser
+main = STUDY.main

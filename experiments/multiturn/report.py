@@ -4,8 +4,9 @@
 generated the same tokens as the reference (`off` when it ran), and writes `requests.csv.gz` (one
 row per request and configuration, gzip'd: `experiments.common.compact`), `summary.csv` (one row per configuration), `multiturn.json`
 (workload definition and distributions, config, environment, and per configuration the settings
-its engine ran under, `effective_settings`, whose `policy` names the policy) and `multiturn.png`; on a failure
-it writes none of them (and removes stale ones). `plot(out)` redraws the figure from the files.
+its engine ran under, `effective_settings`, whose `policy` names the policy); on a failure it writes none
+of them (and removes stale ones, the figure too). `plot(out)` draws `multiturn.png` from the files (the
+command calls it after a merge and for --replot).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def finalize(out: Path) -> int:
     write_json(out / "multiturn.json", meta)
     write_csv(out / REQUESTS, [q for r in rows for q in r["request_rows"]])
     write_csv(out / "summary.csv", [{k: v for k, v in r.items() if k != "request_rows"} for r in rows])
-    log(f"{NAME}: merged {len(rows)} configurations from {len(parts)} part(s); figure {plot(out).name}")
+    log(f"{NAME}: merged {len(rows)} configurations from {len(parts)} part(s)")  # the figure: the command's figures
     return 0
 
 
