@@ -50,11 +50,11 @@ import torch
 
 from experiments.common import compact
 from experiments.peer_vllm import report as peer_vllm_report
-from experiments.common.flags import add_model_flags, add_replot_flag, int_in_range, name_list, new_parser
-from experiments.common.inputs import InputError, fail_on_input_error, read_json
-from experiments.common.outputs import (RESULTS, add_out_flags, beside_record, check_writable, precheck_out,
-                                        report_written, resolve_out, writes_record)
+from experiments.common.flags import add_model_flags, int_in_range, name_list
+from experiments.common.inputs import InputError, read_json
+from experiments.common.outputs import check_writable
 from experiments.common.results_io import environment, log, write_json
+from experiments.common.study import Context, Study, run_study
 from experiments.common.runs import build_model, machine_load, model_summary, random_prompt, serve, set_threads
 from experiments.workloads import open_workload
 from experiments.workloads.sharegpt import require_extra
@@ -390,9 +390,7 @@ def serve_slice(name: str, systems: dict, reqs: list) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ main
-def parser() -> argparse.ArgumentParser:
-    ap = new_parser("Ours vs vLLM on the same checkpoint and prompts.", prog="python -m experiments.peer_vllm")
-    add_out_flags(ap, RECORD)
+def add_flags(ap: argparse.ArgumentParser) -> None:
     add_model_flags(ap, dtypes=("float32", "bfloat16"), dtype_help="dtype of both systems (default float32)")
     ap.set_defaults(model="granite-dense-cpu")
     ap.add_argument("--vllm-python", default=None,
@@ -419,8 +417,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-probes", dest="probes", action="store_false", help="skip the failure probes")
     ap.add_argument("--checkpoint-dir", type=Path, default=None,
                     help="where the shared checkpoint is written (absent: a temporary folder)")
-    add_replot_flag(ap)
-    return ap
 
 
 def check_args(ap: argparse.ArgumentParser, args) -> None:
@@ -566,10 +562,8 @@ def write_report(result: dict, out: Path, path: Path) -> list[Path]:
 
 def headline(result: dict) -> list[tuple]:
     """The goals' warm TTFTs and mean recomputed tokens (vs vLLM shared-prefix), beside the committed result's."""
-    try:
-        committed = read_result(RESULTS / RECORD / "peer_vllm.json")
-    except InputError:
-        committed = {}
+    path = STUDY.committed("peer_vllm.json")
+    committed = read_result(path) if path else {}
 
     def figures(r: dict) -> dict:
         g = r.get("goals", {}) if r.get("goals_against") == "vllm_shared_prefix" else {}  # older records: vs default
@@ -582,28 +576,33 @@ def headline(result: dict) -> list[tuple]:
     return [(k, v, theirs.get(k)) for k, v in mine.items()]
 
 
-@fail_on_input_error(parser)
-def main(argv=None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    precheck_out(ap, args.out)
-    check_args(ap, args)
-    if args.replot:
-        resolve_out(ap, args, reading="--replot")
-        path = compact.locate(args.out / "peer_vllm.json")  # the .gz, or a plain one of an older run
-        report_written(write_report(read_result(path), args.out, path))
-        return 0
-    resolve_out(ap, args)
-    with tempfile.TemporaryDirectory(prefix="peer_vllm_") as tmp:
-        raw = measure(args, Path(tmp))
-    result = peer_vllm_report.shape(raw)
-    path = write_json(args.out / RESULT, result)
-    written = [path, *write_report(result, args.out, path)]
-    if not writes_record(args.out):
-        beside_record(headline(result), RECORD)
-    report_written(written)
-    return 0
+class PeerVllm(Study):
+    record = RECORD
+    prog = "python -m experiments.peer_vllm"
+    description = "Ours vs vLLM on the same checkpoint and prompts."
 
+    def add_flags(self, ap: argparse.ArgumentParser) -> None:
+        add_flags(ap)
+
+    def check(self, ctx: Context) -> None:
+        check_args(ctx.ap, ctx.args)
+
+    def run(self, ctx: Context) -> list[Path]:
+        with tempfile.TemporaryDirectory(prefix="peer_vllm_") as tmp:
+            raw = measure(ctx.args, Path(tmp))
+        return [write_json(ctx.out / RESULT, peer_vllm_report.shape(raw))]
+
+    def figures(self, ctx: Context) -> list[Path]:
+        path = compact.locate(ctx.out / "peer_vllm.json")  # the .gz, or a plain one of an older run
+        return write_report(read_result(path), ctx.out, path)
+
+    def headline(self, ctx: Context) -> list[tuple]:
+        return headline(read_result(compact.locate(ctx.out / "peer_vllm.json")))
+
+
+STUDY = PeerVllm()
+parser = STUDY.parser
+main = STUDY.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)
