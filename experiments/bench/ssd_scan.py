@@ -49,6 +49,7 @@ import torch
 
 from experiments.bench.ratios import add_peer_ratios, load_ceilings, pct_of
 from experiments.common.results_io import environment, log, read_csv, write_csv
+from experiments.common.study import Context, Ran, Study, run_study
 from kernels.reference.ssd import ssd_scan_sequential
 from kernels.testing import assert_close
 from kernels.torch_cpu.ssd import ssd_scan_chunked
@@ -402,12 +403,10 @@ CSV_COLUMNS = ("device", "impl", "shape", "T", "variant", "median_ms", "min_ms",
                "min_overhead_vs_none_pct")
 
 
-def parser():
+def add_flags(p) -> None:
     from experiments.bench import preset_names
-    from experiments.common.flags import add_replot_flag, device_name, int_in_range, int_list, new_parser
-    from experiments.common.outputs import add_out_flags
+    from experiments.common.flags import device_name, int_in_range, int_list
 
-    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.ssd_scan")
     p.add_argument("--model", type=preset_names, default=None,
                    help="model presets whose mixer shapes to time, comma-separated (absent: bamba-9b,nemotron-h-8b "
                         "on CUDA; small on CPU, where bamba-9b at 32K takes ~8 s a call)")
@@ -428,9 +427,6 @@ def parser():
     p.add_argument("--no-peers", action="store_true", help="time no peer (mamba_ssm, fla)")
     p.add_argument("--ceilings", type=Path, default=None,
                    help="a ceilings.json (python -m experiments.bench.ceilings) for the pct_copy_bw column")
-    add_out_flags(p, RECORD)
-    add_replot_flag(p)
-    return p
 
 
 def check_args(p, args) -> None:
@@ -486,30 +482,32 @@ def headline(rows: list[dict]) -> list[tuple]:
     return out
 
 
-def _main(argv=None) -> None:
-    from experiments.common.outputs import beside_record, report_written, resolve_out, writes_record
+class SsdScanBench(Study):
+    record = RECORD
+    prog = "python -m experiments.bench.ssd_scan"
+    description = __doc__.splitlines()[0]
 
-    p = parser()
-    args = p.parse_args(argv)
-    if args.replot:
-        resolve_out(p, args, reading="--replot")
-        report_written(replot(args.out))
-        return
-    check_args(p, args)
-    out = resolve_out(p, args)
-    rows = run(args)
-    written = [write_csv(out / CSV_NAME, rows)]
-    written += replot(out)
-    if not writes_record(out):
-        beside_record(headline(rows), RECORD)
-    report_written(written)
+    def add_flags(self, ap) -> None:
+        add_flags(ap)
+
+    def check(self, ctx: Context) -> None:
+        if not ctx.reading:
+            check_args(ctx.ap, ctx.args)
+
+    def run(self, ctx: Context) -> Ran:
+        rows = run(ctx.args)
+        return Ran([write_csv(ctx.out / CSV_NAME, rows)], result=rows)
+
+    def figures(self, ctx: Context) -> list[Path]:
+        return replot(ctx.out)
+
+    def headline(self, ctx: Context) -> list[tuple]:
+        return headline(ctx.result)
 
 
-def main(argv=None) -> None:
-    from experiments.common.inputs import fail_on_input_error
-
-    return fail_on_input_error(parser)(_main)(argv)
-
+STUDY = SsdScanBench()
+parser = STUDY.parser
+main = STUDY.main
 
 if __name__ == "__main__":
-    main()
+    run_study(STUDY)

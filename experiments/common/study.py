@@ -28,7 +28,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Iterable, NoReturn, Sequence, Union
+from typing import Any, Iterable, NoReturn, Sequence, Union
 
 from experiments.common import compact
 from experiments.common.flags import HelpFormatter, add_replot_flag, new_parser
@@ -45,11 +45,13 @@ SKELETON_FLAGS = ("publish", "replot", "merge")  # never part of a run's recorde
 
 @dataclasses.dataclass
 class Ran:
-    """What a run did: the files it wrote, its exit status, and whether it finished (one shard of a
-    sweep has not: no figures and no headline until `--merge` combines the parts)."""
+    """What a run did: the files it wrote, its exit status, whether it finished (one shard of a
+    sweep has not: no figures and no headline until `--merge` combines the parts), and what it
+    measured, for `figures` and `headline` (`ctx.result`; they may read the files instead)."""
     written: list[Path] = dataclasses.field(default_factory=list)
     status: int = 0
     finished: bool = True
+    result: Any = None
 
 
 @dataclasses.dataclass
@@ -60,6 +62,7 @@ class Context:
     out: Path | None = None
     replotting: bool = False
     reading: str | None = None  # the flag whose existing folder this invocation reads (--replot, --merge), or None
+    result: Any = None  # the run's `Ran.result`, once it has run
 
     def error(self, message: str) -> NoReturn:
         """One usage line (exit code 2); name the flag: 'argument --x: ...'."""
@@ -185,6 +188,7 @@ class Study:
                 abandon(ctx.out)
             ap.error(f"argument --model: {e}" if isinstance(e, ModelLoadError) else str(e))
         ran = ran if isinstance(ran, Ran) else Ran(list(ran))
+        ctx.result = ran.result
         written = list(ran.written)
         if ran.finished:
             written += self.figures(ctx)
