@@ -10,6 +10,8 @@ left. Steps, in order:
   ceilings  a large copy's GB/s and a bf16 GEMM's TFLOP/s (the rates every floor divides by)
   paged     paged attention: decode GB/s and prefill TFLOP/s; SDPA, FlexAttention, vLLM's kernel beside it
   ssd       the SSD scan with and without captures, kernel alone and public call, mamba_ssm and fla beside it
+  gdn       the gated delta rule scan (Qwen3-Next-80B's DeltaNet shape) likewise, fla's chunk_gated_delta_rule
+            beside it (packed into ssd.tar.gz: at most 8 files come back)
   decode    one whole-model decode step at Bamba-9B shapes: CUDA graph vs eager, against its floor
   warm      the warm-restore incident at Bamba-9B shapes (random weights, bf16, Triton)
   tests     the GPU tests, with pytest-xdist's -n and pytest-timeout's --timeout where installed, no -x
@@ -17,8 +19,9 @@ left. Steps, in order:
 The compile checks need no GPU and do not run here (`python -m kernels.compile_check`, CI).
 Peers come from ./peers (`bash scripts/fetch_peers.sh`; carry it: device tool `carry: ["peers"]`).
 
-$OUT gets one `<step>.tar.gz` per step (its output folder and log.txt) plus `summary.json` and
-`summary.txt`, rewritten after every step: a killed command still returns the steps that ended.
+$OUT gets one `<step>.tar.gz` per step (its output folder and log.txt; a step with an `archive` is
+added to that step's tarball) plus `summary.json` and `summary.txt`, rewritten after every step: a
+killed command still returns the steps that ended.
 
     bash scripts/gpu_check.sh                              # everything (writes $OUT, else runs/gpu_check/<ts>/)
     bash scripts/gpu_check.sh --steps ssd,tests --deadline-s 300   # a targeted rerun in the minutes left
@@ -49,6 +52,7 @@ DEADLINE_S = 530  # under the 9 minutes the issue allows one command (the tool's
 PACK_S = 5  # kept back from every step's timeout for killing it and packing its folder
 GPU_TESTS = ("tests/test_paged_attention.py", "tests/test_kv_cache_write.py", "tests/test_kv_block_copy.py",
              "tests/test_ssd_scan.py", "tests/test_causal_conv1d.py", "tests/test_ssm_decode.py",
+             "tests/test_gated_delta_rule.py", "tests/test_gated_delta_decode.py",
              "tests/test_pad_slots.py", "tests/test_model_backends.py", "tests/test_decode_graph.py",
              "tests/test_step_host_syncs.py")
 TEST_TIMEOUT_S = 120  # per test: the longest CUDA test compiles a few dozen kernels
@@ -61,6 +65,7 @@ class Step:
     min_s: int  # skipped when fewer seconds than this are left
     argv: Callable[["Run"], list[str]]  # on the GPU
     dry_argv: Callable[["Run"], list[str]]  # --dry-run: the same command on the CPU at tiny shapes
+    archive: str = ""  # the tarball it is packed into, beside that step's folder ('': its own, <name>.tar.gz)
 
 
 @dataclasses.dataclass
@@ -111,6 +116,13 @@ STEPS = (
          lambda r: _py("experiments.bench.ssd_scan", "--out", str(r.folder("ssd")), *r.ceilings_flag(),
                        "--device", "cpu", "--impl", "torch", "--model", "tiny", "--tokens", "97", "--repeats", "1",
                        "--sequential-tokens", "0")),
+    Step("gdn", 60, 25,
+         lambda r: _py("experiments.bench.gated_delta_rule", "--out", str(r.folder("gdn")), *r.ceilings_flag(),
+                       "--tokens", "8192,32768", "--warmup-ms", "25", "--rep-ms", "100"),
+         lambda r: _py("experiments.bench.gated_delta_rule", "--out", str(r.folder("gdn")), *r.ceilings_flag(),
+                       "--device", "cpu", "--impl", "torch", "--model", "qwen3-next-tiny", "--tokens", "97",
+                       "--repeats", "1"),
+         archive="ssd"),
     Step("decode", 50, 25,
          lambda r: _py("experiments.bench.decode_step", "--out", str(r.folder("decode")), *r.ceilings_flag(),
                        "--batches", "1,16,64"),
@@ -128,8 +140,9 @@ STEPS = (
          lambda r: _py("pytest", "-q", "-p", "no:cacheprovider", *pytest_flags(True), *GPU_TESTS)),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
+ARCHIVES = tuple(dict.fromkeys(s.archive or s.name for s in STEPS))
 SUMMARY_FILES = ("summary.json", "summary.txt")
-assert len(STEPS) + len(SUMMARY_FILES) <= MAX_OUT_FILES
+assert len(ARCHIVES) + len(SUMMARY_FILES) <= MAX_OUT_FILES
 
 
 def step_env(dry: bool) -> dict[str, str]:
@@ -162,12 +175,14 @@ def run_command(argv: list[str], log_path: Path, timeout_s: float, env: dict) ->
     return rc, time.monotonic() - t0
 
 
-def pack(folder: Path, out: Path, name: str) -> Path:
-    """`folder` as out/<name>.tar.gz, written beside and renamed (a kill mid-write leaves the old one)."""
+def pack(folders: list[Path], out: Path, name: str) -> Path:
+    """`folders` (each under its own name) as out/<name>.tar.gz, written beside and renamed (a kill
+    mid-write leaves the old one)."""
     path = out / f"{name}.tar.gz"
     tmp = out / f".{name}.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(folder, arcname=name)
+        for folder in folders:
+            tar.add(folder, arcname=folder.name)
     os.replace(tmp, path)
     return path
 
@@ -187,8 +202,11 @@ def run_step(step: Step, run: Run, deadline: float) -> dict:
     status = "timeout" if rc is None else ("ok" if rc == 0 else "failed")
     if step.name == "ceilings" and rc == 0:
         run.ceilings = folder / "ceilings.json"
+    archive = step.archive or step.name
+    sharing = [run.folder(s.name) for s in STEPS if s.name != step.name and (s.archive or s.name) == archive
+               and run.folder(s.name).is_dir()]
     record.update(status=status, rc=rc, wall_s=round(wall, 1), timeout_s=round(timeout_s, 1), argv=argv,
-                  headline=headline(step.name, folder), archive=pack(folder, run.out, step.name).name)
+                  headline=headline(step.name, folder), archive=pack([*sharing, folder], run.out, archive).name)
     return record
 
 
@@ -218,8 +236,8 @@ def _headline_of(step: str, folder: Path) -> list[str]:
                 and r.get("pct_copy_bw")]
         return ([f"triton decode: best {max(ours):.1f}% of copy"] if ours else []) + _peer_ratios(rows, "impl",
                                                                                                  "triton_paged")
-    if step == "ssd":
-        rows = read_csv(folder / "bench_ssd_scan.csv")
+    if step in ("ssd", "gdn"):
+        rows = read_csv(folder / {"ssd": "bench_ssd_scan.csv", "gdn": "bench_gated_delta_rule.csv"}[step])
         out = [f"{r['shape']} T={r['T']} {r['variant']}: {r['median_ms']} ms, {r['overhead_vs_none_pct']}% vs "
                f"{r.get('overhead_vs', 'none')}" for r in rows if r["variant"] in ("capture1", "capture1_kernel")]
         ours = "none_kernel" if any(r["variant"] == "none_kernel" for r in rows) else "none"
