@@ -8,8 +8,8 @@ exact token ids of the partial block above it. A lookup walks the prompt's own b
 from the deepest allowed block down, so a snapshot is only ever returned for a prompt that
 shares its whole prefix, and the cost is one dict probe per block, not a scan of the store.
 
-A byte budget bounds what the device holds; eviction is a seam (`EvictionPolicy`): LRU by
-default, the others in `planner.eviction` (which also selects a policy by name). Below the device
+A byte budget bounds what the device holds; eviction is a seam (`planner.evictions.base.EvictionPolicy`):
+LRU by default, the others in `planner.evictions` (`registry` selects one by name). Below the device
 there may be tiers (`planner.snapshot_tiers.Tier`: host memory, disk), each with its own budget:
 the policy's victim on a full tier is demoted to the next tier down and dropped only from the
 last, and a new snapshot the policy declines for a full device goes straight to the first lower
@@ -25,10 +25,12 @@ import dataclasses
 import heapq
 import itertools
 import logging
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from kernels.checks import require
 from planner.block_pool import BlockHash, hash_full_blocks
+from planner.evictions.base import EvictionPolicy
+from planner.evictions.lru import LRUEviction
 from planner.snapshot_tiers import SpillEntry, SpillError, Tier
 
 LOG = logging.getLogger(__name__)
@@ -73,40 +75,6 @@ class Snapshot:
 ORIGINS = ("chunk", "mark", "speculative", "decode", "oracle")
 
 
-class EvictionPolicy(Protocol):
-    """The extension point of the snapshot store: which snapshot leaves when a new one needs room.
-    Implementations live in `planner.eviction` and are selected by name (`get_eviction`)."""
-
-    name: str
-
-    def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
-        """The snapshot to drop next; `snapshots` is in least-recently-used-first order."""
-
-    # Optional: `admits(candidate, snapshots) -> bool`, asked only when a new snapshot needs an
-    # eviction to fit (speculative ones included): False keeps what is held and drops the new one
-    # (counted as `declined`). Without it a speculative snapshot is declined when memory is full.
-    # Optional observers: `saved(snap)`, `restored(snap)`, `evicted(snap)` (it left the store),
-    # `demoted(snap)` (it moved one tier down) and `touched(snap)` (a refresh of a held prefix or a
-    # promotion: its recency or tier changed; what a policy's own per-tier order must follow), called
-    # after the fact. `snapshots` is a `TierResidents`: a policy may read it as the list, or keep
-    # its own order per tier and ask the tier (`store`, `tier`, `keep`). The same `choose_victim`
-    # picks who leaves each tier, from that tier's snapshots.
-    # Optional `needs_prefix = True`: the store keeps each snapshot's prompt block hashes
-    # (`Snapshot.prefix_hashes`) for the policy to read; optional `bind(store)`, called once by the
-    # store that holds the policy (its block size, budgets and tiers).
-    # Optional requests, told before the store acts on them (a policy that replays the store's
-    # traffic on shadow stores reads them): `offered(token_ids, position, nbytes, block_hashes,
-    # flops_saved, origin)` for every `save`; `looked_up(token_ids, max_position, block_hashes)` for
-    # every `lookup` (a `refresh` of a held prefix is offered as a save of the held snapshot's kind).
-
-
-def policy_admits(policy: EvictionPolicy, candidate: Snapshot, snapshots: Sequence[Snapshot]) -> bool:
-    """Whether a store under `policy` takes a new snapshot that needs an eviction to fit: the policy's
-    `admits`, or without one everything but a speculative capture."""
-    decide = getattr(policy, "admits", None)
-    return decide(candidate, snapshots) if decide is not None else candidate.origin != "speculative"
-
-
 class TierResidents(Sequence):
     """The candidates a store hands its eviction: the snapshots of one tier but `keep`, least recently
     used first. The list is built (a sort) only when a policy reads it; a policy that keeps its own
@@ -132,6 +100,8 @@ class TierResidents(Sequence):
         return len(members) - (keep is not None and members.get(keep.key) is keep)
 
     def __getitem__(self, i):
+        if i == 0 and self._list is None:  # the least recently used (LRU's victim): the heap's top, no sort
+            return self.oldest()
         return self._snapshots()[i]
 
     def __iter__(self):
@@ -141,16 +111,6 @@ class TierResidents(Sequence):
         """The least recently used candidate (the store's per-tier heap)."""
         require(len(self) > 0, "snapshots", "nothing to evict")
         return self.store._oldest(self.tier, self.keep)
-
-
-class LRUEviction:
-    """Evict the snapshot used longest ago (the store's default)."""
-
-    name = "lru"
-
-    def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
-        """The least recently used snapshot."""
-        return snapshots.oldest() if isinstance(snapshots, TierResidents) else snapshots[0]
 
 
 @dataclasses.dataclass
@@ -224,10 +184,10 @@ class SnapshotStore:
         self.lower_tiers = tuple(lower_tiers)
         self._budgets = (byte_budget, *(t.byte_budget for t in self.lower_tiers))
         self._bytes = [0] * len(self._budgets)  # bytes held per tier, the device first
-        self.eviction = eviction or LRUEviction()
-        bind = getattr(self.eviction, "bind", None)  # an eviction that reads prefixes learns the block
-        if bind is not None:
-            bind(self)
+        self.eviction = LRUEviction() if eviction is None else eviction
+        require(isinstance(self.eviction, EvictionPolicy), "eviction",
+                f"must be a planner.evictions.base.EvictionPolicy, got {type(self.eviction).__name__}")
+        self.eviction.bind(self)  # an eviction that reads prefixes learns the block
         # key -> snapshot in LRU order (oldest first); anchor -> {tail: snapshot} for lookups.
         self._lru: collections.OrderedDict[tuple, Snapshot] = collections.OrderedDict()
         # key -> snapshot per tier (the device first), so that finding a tier's residents does not
@@ -329,7 +289,7 @@ class SnapshotStore:
         name = tier.name
         self.stats.demoted[name] += 1
         self.stats.demoted_bytes[name] += snap.nbytes
-        self._tell("demoted", snap)
+        self.eviction.demoted(snap)
 
     def _promote(self, snap: Snapshot, now: int) -> None:
         """Bring a demoted snapshot back to the device, making room there first (a spilled one was
@@ -337,7 +297,7 @@ class SnapshotStore:
         self._drop_spill(snap)
         self._bytes[snap.tier] -= snap.nbytes
         self._set_tier(snap, 0)
-        self._tell("touched", snap)
+        self.eviction.touched(snap)
         self._make_room(0, snap.nbytes, now, keep=snap)
         self._bytes[0] += snap.nbytes
 
@@ -356,7 +316,7 @@ class SnapshotStore:
         existing = self._by_anchor.get(anchor, {}).get(tail)
         if existing is None or existing.tier:
             return None  # the caller saves instead
-        self._tell("offered", token_ids, position, existing.nbytes, block_hashes, existing.flops_saved, existing.origin)
+        self.eviction.offered(token_ids, position, existing.nbytes, block_hashes, existing.flops_saved, existing.origin)
         self._count_duplicate(existing, next(self._clock))
         return existing
 
@@ -364,7 +324,7 @@ class SnapshotStore:
         """A save of a prefix already held: the held snapshot is refreshed (most recently used)."""
         self._stamp(snap, now)
         self.stats.duplicates += 1
-        self._tell("touched", snap)
+        self.eviction.touched(snap)
 
     def save(self, token_ids: Sequence[int], position: int, state: Any, block_hashes: Sequence[BlockHash],
              flops_saved: float = 0.0, origin: str = "chunk") -> bool:
@@ -374,7 +334,7 @@ class SnapshotStore:
         to fit, and the policy has no `admits`."""
         require(0 < position <= len(token_ids), "position", f"must be in [1, {len(token_ids)}], got {position}")
         require(origin in ORIGINS, "origin", f"must be one of {ORIGINS}, got {origin!r}")
-        self._tell("offered", token_ids, position, int(state.nbytes), block_hashes, flops_saved, origin)
+        self.eviction.offered(token_ids, position, int(state.nbytes), block_hashes, flops_saved, origin)
         anchor, tail = self._key_parts(token_ids, position, block_hashes)
         now = next(self._clock)
         existing = self._by_anchor.get(anchor, {}).get(tail)
@@ -388,12 +348,12 @@ class SnapshotStore:
         if self.byte_budget is not None and nbytes > self.byte_budget:
             self.stats.rejected += 1
             return False
-        keep_prefix = getattr(self.eviction, "needs_prefix", False)
+        keep_prefix = self.eviction.needs_prefix
         snap = Snapshot(position, anchor, tail, state, nbytes, last_used=now, flops_saved=flops_saved, origin=origin,
                         prefix_hashes=block_hashes if keep_prefix else None)
         full = self._over(0, nbytes)
         tier = 0
-        if full and not policy_admits(self.eviction, snap, TierResidents(self, 0)):
+        if full and not self.eviction.admits(snap, TierResidents(self, 0)):
             # the device keeps what it holds; a lower tier, if any, takes the new one directly
             if not self.lower_tiers or (self._budgets[1] is not None and nbytes > self._budgets[1]):
                 self.stats.declined += 1
@@ -409,11 +369,11 @@ class SnapshotStore:
         self.stats.saved += 1
         self.stats.saved_bytes += nbytes
         self.stats.saved_by_origin[origin] += 1
-        self._tell("saved", snap)
+        self.eviction.saved(snap)
         if tier:  # taken on the device, copied down at once: counted as a move down
             self.stats.demoted[self.lower_tiers[0].name] += 1
             self.stats.demoted_bytes[self.lower_tiers[0].name] += nbytes
-            self._tell("demoted", snap)
+            self.eviction.demoted(snap)
         return True
 
     @staticmethod
@@ -429,7 +389,7 @@ class SnapshotStore:
         recorded = getattr(spill, "recorded", None)
         if recorded is None:
             return
-        tier, needs_prefix = len(self._budgets) - 1, getattr(self.eviction, "needs_prefix", False)
+        tier, needs_prefix = len(self._budgets) - 1, self.eviction.needs_prefix
         room, keep = self._budgets[-1], []
         for entry, handle in reversed(recorded()):
             fits = room is None or entry.nbytes <= room
@@ -450,8 +410,8 @@ class SnapshotStore:
             self._by_anchor.setdefault(snap.anchor, {})[snap.tail] = snap
             self._bytes[tier] += snap.nbytes
             self.stats.adopted += 1
-            self._tell("saved", snap)
-            self._tell("demoted", snap)
+            self.eviction.saved(snap)
+            self.eviction.demoted(snap)
 
     def spill_all(self) -> int:
         """Move every held snapshot down to the last tier (a clean shutdown: what a spilling last tier
@@ -486,12 +446,6 @@ class SnapshotStore:
             self._evict(snap)
             return False
 
-    def _tell(self, event: str, *args) -> None:
-        """Call the eviction's optional observer `event` (a request or an event: `EvictionPolicy`)."""
-        observer = getattr(self.eviction, event, None)
-        if observer is not None:
-            observer(*args)
-
     def _evict(self, snap: Snapshot) -> None:
         del self._lru[snap.key]
         del self._members[snap.tier][snap.key]
@@ -503,7 +457,7 @@ class SnapshotStore:
         self._bytes[snap.tier] -= snap.nbytes
         self.stats.evicted += 1
         self.stats.evicted_bytes += snap.nbytes
-        self._tell("evicted", snap)
+        self.eviction.evicted(snap)
 
     def lookup(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash],
                observe: bool = True) -> Snapshot | None:
@@ -522,7 +476,7 @@ class SnapshotStore:
 
     def observe_lookup(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash]) -> None:
         """Tell the eviction of a lookup a request acted on (shadow_best replays it on its shadows)."""
-        self._tell("looked_up", token_ids, max_position, block_hashes)
+        self.eviction.looked_up(token_ids, max_position, block_hashes)
 
     def _deepest(self, token_ids: Sequence[int], max_position: int, block_hashes: Sequence[BlockHash]) -> Snapshot | None:
         max_position = min(max_position, len(token_ids))
@@ -562,7 +516,7 @@ class SnapshotStore:
             self.stats.promoted_bytes[tier.name] += snap.nbytes
             self.stats.restore_transfer_s += transfer
             self._promote(snap, now)
-        self._tell("restored", snap)
+        self.eviction.restored(snap)
         return transfer
 
     def clear(self) -> None:

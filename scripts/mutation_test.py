@@ -2,7 +2,7 @@
 fail a test?
 
     .venv/bin/python scripts/mutation_test.py                      # every target, report to runs/mutation/
-    .venv/bin/python scripts/mutation_test.py --paths planner/eviction.py --jobs 2
+    .venv/bin/python scripts/mutation_test.py --paths planner/evictions/learned_value.py --jobs 2
     .venv/bin/python scripts/mutation_test.py --out results/mutation   # publish the report
     .venv/bin/python scripts/mutation_test.py --rerun results/mutation/report.json --out results/mutation
                                                                    # after adding tests: survivors only

@@ -44,11 +44,11 @@ The rules it re-expresses, each from the docstring or code that states it:
   reported as saved by the request); larger than the budget: rejected; when it does not fit, the
   eviction's `admits` decides (LRU has none: a speculative snapshot is declined), then victims
   are evicted until it fits.
-* Evictions (planner/eviction.py docstrings): LRU; flop_aware = lowest min-max-normalized
+* Evictions (planner/evictions/ docstrings): LRU; flop_aware = lowest min-max-normalized
   recency + alpha x FLOPs-per-byte, ties LRU first; learned_value = GreedyDual over
   p(origin, restores) x FLOPs per byte with a Beta(1, 9) prior and a 4096-key ghost history;
   seglen = lowest recency + 0.85 x replay length to the nearest held ancestor; shadow_best
-  (planner/shadow_eviction.py) = the leader's decision among four candidates, each also run alone
+  (planner/evictions/shadow_best.py) = the leader's decision among four candidates, each also run alone
   on a shadow store fed every save and lookup (RefShadowBest).
 """
 
@@ -59,10 +59,10 @@ import dataclasses
 from planner.policies.base import PlanContext
 from planner.policies.registry import get_policy
 
-LEARNED_PRIOR = (1.0, 9.0)  # Beta(prior_hits, prior_misses), planner/eviction.py LearnedValueEviction defaults
+LEARNED_PRIOR = (1.0, 9.0)  # Beta(prior_hits, prior_misses), planner/evictions/ LearnedValueEviction defaults
 LEARNED_HISTORY = 4096  # restore counts kept for this many evicted keys
 FLOP_AWARE_ALPHA = 1.0
-SEGLEN_WEIGHT = 0.85  # SGLang PR #22172's example weight, planner/eviction.py SeglenEviction's default
+SEGLEN_WEIGHT = 0.85  # SGLang PR #22172's example weight, planner/evictions/ SeglenEviction's default
 
 
 @dataclasses.dataclass

@@ -18,7 +18,7 @@ from typing import Callable
 
 from model.engine import Engine
 from model.engine.spill import FileSpill
-from planner.eviction_registry import EVICTION_POLICIES
+from planner.evictions.registry import EVICTION_POLICIES
 from planner.policies.registry import POLICIES
 from planner.snapshot_tiers import disk_tier, host_tier
 

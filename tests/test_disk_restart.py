@@ -31,7 +31,7 @@ from model.engine.spill import FileOps, FileSpill, encode_line, state_identity
 from model.engine import ModelRunner, PlaceholderRunner
 from model.loading import from_preset
 from planner.block_pool import hash_full_blocks
-from planner.eviction_registry import get_eviction
+from planner.evictions.registry import get_eviction
 from planner.snapshot_store import SnapshotStore
 from planner.snapshot_tiers import SpillEntry, SpillError, Tier, disk_tier
 from tests.disk_tier_writer import SNAPSHOT_AT, KillingOps, prompts, restart_engine

@@ -12,10 +12,14 @@ from model.cost import ModelCost
 from model.engine import Engine, EngineConfig
 from model.engine import PlaceholderRunner
 from planner.block_pool import hash_full_blocks
-from planner.eviction import FlopAwareEviction, LearnedValueEviction, NextUseEviction
-from planner.eviction_registry import EVICTION_POLICIES, get_eviction
+from planner.evictions.base import EvictionPolicy
+from planner.evictions.flop_aware import FlopAwareEviction
+from planner.evictions.learned_value import LearnedValueEviction
+from planner.evictions.next_use import NextUseEviction
+from planner.evictions.registry import EVICTION_POLICIES, get_eviction
 from planner.scheduler import SchedulerConfig
-from planner.snapshot_store import LRUEviction, SnapshotStore
+from planner.evictions.lru import LRUEviction
+from planner.snapshot_store import SnapshotStore
 
 
 @dataclasses.dataclass
@@ -23,8 +27,9 @@ class Blob:
     nbytes: int = 100
 
 
-class Recording:
-    """Wraps a policy and records the position of every victim, in order."""
+class Recording(EvictionPolicy):
+    """Wraps a policy and records the position of every victim, in order (its admission and
+    observers are the base's, doing nothing, unless a test hands over the policy's own)."""
 
     def __init__(self, policy):
         self.policy, self.name, self.victims = policy, policy.name, []

@@ -11,7 +11,8 @@ import random
 import pytest
 
 from planner.block_pool import hash_full_blocks
-from planner.eviction_registry import get_eviction
+from planner.evictions.base import WrappedEviction
+from planner.evictions.registry import get_eviction
 from planner.snapshot_store import SnapshotStore, TierResidents
 from planner.snapshot_tiers import Tier
 
@@ -23,19 +24,14 @@ class State:
         self.nbytes = nbytes
 
 
-class BothWays:
+class BothWays(WrappedEviction):
     """Wraps a policy: each decision on a store's tier is taken on its index and on the plain list."""
 
     def __init__(self, policy):
+        super().__init__(policy)
         self.policy = policy
-        self.name = policy.name
-        self.needs_prefix = getattr(policy, "needs_prefix", False)
         self.decisions = 0
         self.indexed = 0
-        for event in ("bind", "saved", "restored", "evicted", "demoted", "touched", "offered", "looked_up"):
-            observer = getattr(policy, event, None)
-            if observer is not None:
-                setattr(self, event, observer)
 
     def choose_victim(self, snapshots, now):
         assert isinstance(snapshots, TierResidents)
@@ -49,10 +45,8 @@ class BothWays:
         return fast
 
     def admits(self, candidate, snapshots):
-        from planner.snapshot_store import policy_admits
-
-        fast = policy_admits(self.policy, candidate, snapshots)
-        assert fast == policy_admits(self.policy, candidate, list(snapshots))
+        fast = self.policy.admits(candidate, snapshots)
+        assert fast == self.policy.admits(candidate, list(snapshots))
         self.decisions += 1
         return fast
 

@@ -6,7 +6,7 @@ out by hand from the rule's own definition, written beside it:
 * LRU and the store's budget, admission and counters: `planner/snapshot_store.py`'s docstrings
   (`SnapshotStore.save`: rejected when larger than the whole budget, speculative saves only into
   free memory unless the policy has `admits`, a duplicate save refreshes recency; `SnapshotStats`).
-* FLOP-aware: Marconi (MLSys 2025, section 4.2) as written in `planner/eviction.py`'s module
+* FLOP-aware: Marconi (MLSys 2025, section 4.2) as written in `planner/evictions/`'s module
   docstring: utility = recency + alpha * efficiency, both min-max normalized over the held
   snapshots (a constant term is 0), lowest utility goes, ties in LRU order.
 * Learned value: `LearnedValueEviction`'s docstring. credit = inflation + p(origin, restores) *
@@ -28,9 +28,13 @@ import math
 import pytest
 
 from planner.block_pool import hash_full_blocks
-from planner.eviction import FlopAwareEviction, LearnedValueEviction, NextUseEviction
-from planner.eviction_registry import get_eviction
-from planner.snapshot_store import LRUEviction, SnapshotStats, SnapshotStore
+from planner.evictions.base import WrappedEviction
+from planner.evictions.flop_aware import FlopAwareEviction
+from planner.evictions.learned_value import LearnedValueEviction
+from planner.evictions.next_use import NextUseEviction
+from planner.evictions.registry import get_eviction
+from planner.evictions.lru import LRUEviction
+from planner.snapshot_store import SnapshotStats, SnapshotStore
 
 BS = 4
 TOKENS = list(range(64))
@@ -42,12 +46,13 @@ class Blob:
     nbytes: int = 100
 
 
-class Recording:
+class Recording(WrappedEviction):
     """A policy wrapper that records each victim's position and the candidates' utilities (if any);
     everything else (`admits`, observers) is the wrapped policy's own."""
 
     def __init__(self, policy):
-        self.policy, self.name = policy, policy.name
+        super().__init__(policy)
+        self.policy = policy
         self.victims, self.utilities = [], []
 
     def choose_victim(self, snapshots, now):

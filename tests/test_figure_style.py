@@ -32,7 +32,7 @@ def test_every_registered_policy_has_its_own_fixed_colour_and_marker():
 
 
 def test_every_registered_eviction_has_its_own_line_style_and_hatch():
-    from planner.eviction_registry import EVICTION_POLICIES
+    from planner.evictions.registry import EVICTION_POLICIES
 
     assert set(EVICTION_POLICIES) <= set(fs.EVICTION_STYLES)
     styles = [fs.EVICTION_STYLES[e] for e in EVICTION_POLICIES]

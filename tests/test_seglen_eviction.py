@@ -1,4 +1,4 @@
-"""SGLang's `seglen` eviction (planner.eviction.SeglenEviction) through the snapshot store: the
+"""SGLang's `seglen` eviction (planner.evictions.seglen.SeglenEviction) through the snapshot store: the
 ancestry it keeps, the replay lengths it reads off it, and the victims it picks, each derived by
 hand from the rule in its docstring:
 
@@ -11,8 +11,8 @@ Block 4 throughout; every snapshot 1 byte, so a budget of k bytes holds k snapsh
 import pytest
 
 from planner.block_pool import hash_full_blocks
-from planner.eviction import SEGLEN_WEIGHT, SeglenEviction
-from planner.eviction_registry import EVICTION_POLICIES, get_eviction
+from planner.evictions.seglen import SEGLEN_WEIGHT, SeglenEviction
+from planner.evictions.registry import EVICTION_POLICIES, get_eviction
 from planner.snapshot_store import SnapshotStore
 
 BS = 4

@@ -1,4 +1,4 @@
-"""Shadow-best eviction and its gate (`planner/shadow_eviction.py`), pinned by scripted traffic.
+"""Shadow-best eviction and its gate (`planner/evictions/shadow_best.py`), pinned by scripted traffic.
 
 Expected values come from the module's rules: a gated candidate never evicts for a speculative or
 chunk-end snapshot; each shadow store is the candidate run alone on the real store's saves and
@@ -15,12 +15,14 @@ import random
 
 import pytest
 
-from planner import shadow_eviction
 from planner.block_pool import hash_full_blocks
-from planner.eviction import LearnedValueEviction
-from planner.eviction_registry import get_eviction
-from planner.shadow_eviction import CANDIDATES, GatedEviction, ShadowBestEviction
-from planner.snapshot_store import LRUEviction, SnapshotStore
+from planner.evictions import shadow_best
+from planner.evictions.base import EvictionPolicy
+from planner.evictions.learned_value import LearnedValueEviction
+from planner.evictions.lru import LRUEviction
+from planner.evictions.registry import get_eviction
+from planner.evictions.shadow_best import CANDIDATES, GatedEviction, ShadowBestEviction
+from planner.snapshot_store import SnapshotStore
 
 BS = 4
 
@@ -111,7 +113,7 @@ def test_every_decider_follows_the_real_store():
     assert set(policy.deciders["learned_value"]._credit) == held
 
 
-class KeepShallow:
+class KeepShallow(EvictionPolicy):
     """A toy candidate: evict the deepest held snapshot."""
 
     name = "keep_shallow"
@@ -123,7 +125,7 @@ class KeepShallow:
 def three_marks(monkeypatch, candidates: dict, switch_margin: float):
     """shadow_best over `candidates` (no decay) on a store with room for two snapshots, offered marks
     at 8, 16 and 24 of three prompts (the third needs an eviction); the policy, store and prompts."""
-    monkeypatch.setattr(shadow_eviction, "CANDIDATES", candidates)
+    monkeypatch.setattr(shadow_best, "CANDIDATES", candidates)
     policy = ShadowBestEviction(half_life=float("inf"), switch_margin=switch_margin)
     store = SnapshotStore(BS, byte_budget=200, eviction=policy)
     prompts = prompt(1), prompt(2), prompt(3)
@@ -169,7 +171,7 @@ def test_a_challenger_takes_over_only_beyond_the_switch_margin(monkeypatch):
 
 
 def test_the_default_switch_margin_is_five_percent(monkeypatch):
-    monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"lru": LRUEviction, "keep_shallow": KeepShallow})
+    monkeypatch.setattr(shadow_best, "CANDIDATES", {"lru": LRUEviction, "keep_shallow": KeepShallow})
     policy = ShadowBestEviction(half_life=float("inf"))
     policy.scores = [100.0, 104.9]
     policy.looked_up([], 0, [])  # no shadows bound: the scores only decay (not at all: no half-life)
@@ -180,7 +182,7 @@ def test_the_default_switch_margin_is_five_percent(monkeypatch):
 
 
 def test_scores_decay_by_half_every_half_life_lookups(monkeypatch):
-    monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"lru": LRUEviction})
+    monkeypatch.setattr(shadow_best, "CANDIDATES", {"lru": LRUEviction})
     policy = ShadowBestEviction(half_life=2)
     store = SnapshotStore(BS, byte_budget=200, eviction=policy)
     t, h = prompt(1)
@@ -194,7 +196,7 @@ def test_scores_decay_by_half_every_half_life_lookups(monkeypatch):
 
 
 def test_a_refresh_of_a_held_prefix_is_offered_to_the_shadows(monkeypatch):
-    monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"lru": LRUEviction, "keep_shallow": KeepShallow})
+    monkeypatch.setattr(shadow_best, "CANDIDATES", {"lru": LRUEviction, "keep_shallow": KeepShallow})
     policy = ShadowBestEviction()
     store = SnapshotStore(BS, byte_budget=200, eviction=policy)
     (p, hp), (q, hq), (r, hr) = prompt(1), prompt(2), prompt(3)

@@ -7,7 +7,8 @@ holds k of them, and a tier of 1e-9 GB/s moves 1 byte per second."""
 import pytest
 
 from planner.block_pool import hash_full_blocks
-from planner.eviction_registry import get_eviction
+from planner.evictions.base import EvictionPolicy
+from planner.evictions.registry import get_eviction
 from planner.snapshot_store import SnapshotStore
 from planner.snapshot_tiers import (DISK_GB_PER_S, DISK_LATENCY_S, HOST_GB_PER_S, HOST_LATENCY_S, Tier, disk_tier,
                                     host_tier)
@@ -19,7 +20,7 @@ class State:
     nbytes = 1
 
 
-class Recorder:
+class Recorder(EvictionPolicy):
     """LRU that records what the store tells it."""
 
     name = "lru"

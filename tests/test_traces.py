@@ -12,7 +12,7 @@ from experiments.traces.simulate import SimConfig, simulate
 from experiments.workloads import MooncakeTrace
 from experiments.workloads.mooncake import TRACES
 from model.engine import Engine
-from planner.eviction_registry import EVICTION_POLICIES
+from planner.evictions.registry import EVICTION_POLICIES
 from planner.policies.base import PlanContext
 from planner.policies.registry import POLICIES
 from planner.policies.trtllm import TRTLLM_PERIOD_TOKENS
@@ -254,7 +254,7 @@ def test_budgeted_optimum_follows_the_future(tmp_path):
     """Under a budget the optimum evicts by next use (Belady's MIN): on a slice it restores
     more tokens than the same captures under LRU, and no policy restores more."""
     from experiments.traces.oracle import optimum_marks, optimum_matches, optimum_uses
-    from planner.eviction import NextUseEviction
+    from planner.evictions.next_use import NextUseEviction
 
     path = _scaled_trace(tmp_path, n=80, scale=16)
     requests = list(MooncakeTrace(path, "as-given").requests())
@@ -338,19 +338,19 @@ def test_shadow_best_with_one_candidate_is_that_candidate(tmp_path, monkeypatch)
     """Through the engine: shadow_best following a single candidate (learned value) gives learned
     value's records exactly, and reports every lookup as led by it; with its four candidates it
     reports each one's share."""
-    from planner import shadow_eviction
-    from planner.eviction import LearnedValueEviction
+    from planner.evictions import shadow_best
+    from planner.evictions.learned_value import LearnedValueEviction
 
     path = _scaled_trace(tmp_path, n=80, scale=16)
     requests = list(MooncakeTrace(path, "chains").requests())
     budget = 3 * ShapeCost.from_preset("bamba-9b").state_bytes / 1e9  # three snapshots: eviction decides
     cfg = dict(prefill_budget=512, max_batch_size=4, kv_pool_gb=1.0, budget_gb=budget)
     four = simulate(requests, SimConfig("ours-plus", **cfg))["metrics"]
-    assert four["eviction"] == "shadow_best" and set(four["eviction_leaders"]) == set(shadow_eviction.CANDIDATES)
+    assert four["eviction"] == "shadow_best" and set(four["eviction_leaders"]) == set(shadow_best.CANDIDATES)
     lookups = sum(four["eviction_leaders"].values())
     assert lookups >= sum(r.kv_match > 0 for r in simulate(requests, SimConfig("ours-plus", **cfg))["records"]) > 0
     alone = simulate(requests, SimConfig("ours-plus", eviction="learned_value", **cfg))
-    monkeypatch.setattr(shadow_eviction, "CANDIDATES", {"learned_value": LearnedValueEviction})
+    monkeypatch.setattr(shadow_best, "CANDIDATES", {"learned_value": LearnedValueEviction})
     one = simulate(requests, SimConfig("ours-plus", **cfg))
     assert [dataclass_tuple(r) for r in one["records"]] == [dataclass_tuple(r) for r in alone["records"]]
     assert one["metrics"]["snapshots_evicted"] == alone["metrics"]["snapshots_evicted"] > 0

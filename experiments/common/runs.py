@@ -12,7 +12,7 @@
   point;
 * one request: `serve`, and what a cold request and its warm repeat record (`cold_record`,
   `warm_record`); the seed's figures (`SEED_FIGURES`);
-Snapshot evictions are resolved by name in the planner (`planner.eviction_registry.get_eviction`, the
+Snapshot evictions are resolved by name in the planner (`planner.evictions.registry.get_eviction`, the
 same shape as the placement-policy registry `planner.policies.registry.get_policy`).
 """
 

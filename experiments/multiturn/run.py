@@ -45,7 +45,7 @@ from experiments.common.runs import kv_blocks_for
 from experiments.workloads.request import KINDS, ReplyPending, WorkloadRequest
 from model.engine import Engine, ModelShape
 from model.hybrid import HybridLM
-from planner.eviction_registry import get_eviction
+from planner.evictions.registry import get_eviction
 
 NAME = "multiturn"
 
@@ -58,7 +58,7 @@ class RunConfig:
     policy: str
     caching: bool = True
     snapshot_budget: bool = False  # bounded by the study's snapshot byte budget
-    eviction: str | None = None  # a planner.eviction_registry.EVICTION_POLICIES name (only matters when bounded)
+    eviction: str | None = None  # a planner.evictions.registry.EVICTION_POLICIES name (only matters when bounded)
     decode_snapshots: bool | None = None  # True: also keep the state at the last grid point of each reply
 
 

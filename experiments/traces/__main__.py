@@ -29,7 +29,7 @@ from experiments.traces.goals import check as check_goals, markdown as goal_tabl
 from experiments.traces.sweep import (NAME, PER_REQUEST, TTFTS, load_requests, points_for, run_on_ray, run_points,
                                       summarize, write_ttfts)
 from experiments.workloads import READINGS, WORKLOADS, default_reading
-from planner.eviction_registry import EVICTION_POLICIES
+from planner.evictions.registry import EVICTION_POLICIES
 from planner.policies.registry import POLICIES
 
 RECORD = "traces"

@@ -47,7 +47,7 @@ from experiments.common.progress import Progress
 from experiments.common.results_io import environment, log, write_csv, write_json, write_text
 from experiments.traces.sweep import budget_text, measure_point, ray_as_completed, ray_session
 from experiments.workloads import READINGS, WORKLOADS
-from planner.eviction_registry import EVICTION_POLICIES
+from planner.evictions.registry import EVICTION_POLICIES
 from planner.policies.registry import POLICIES, get_policy
 
 RECORD = "traces/factorial"

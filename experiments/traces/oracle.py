@@ -23,7 +23,7 @@ Under a snapshot budget the problem is no longer that paper's: its program place
 one retained entry for a known distribution of overlap depths, while here entries come and go
 over an hour and the budget bounds what is held at once. Every snapshot of a shape has the same
 size, so we keep the captures above and let Belady's MIN decide what stays: `optimum_uses` gives,
-per snapshot key, the requests that will restore it, and `planner.eviction.NextUseEviction` evicts
+per snapshot key, the requests that will restore it, and `planner.evictions.next_use.NextUseEviction` evicts
 (or declines) the one used farthest ahead. That is optimal for the number of restores; for
 restored tokens it is a strong reference, not a proven bound (restores spare different amounts).
 

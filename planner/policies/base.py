@@ -95,7 +95,7 @@ class PlacementPolicy:
       lets the next turn's match land there);
     * `match_unit`: where its prefix match may end: "block" the KV block; "token" any token
       (`SchedulerConfig.prefix_match_unit` 1, copy-on-write of the partial block);
-    * `eviction`: its snapshot eviction, a `planner.eviction_registry.EVICTION_POLICIES` name;
+    * `eviction`: its snapshot eviction, a `planner.evictions.registry.EVICTION_POLICIES` name;
     * `needs_oracle`: whether a driver that knows the trace must set its requests' marks.
 
     A subclass sets `name` and cites its source in its own docstring (`source`). Instances hold

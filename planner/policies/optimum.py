@@ -19,7 +19,7 @@ class Optimum(Aligned):
     last chunk at its prompt end or after a decode row inside its reply. With unbounded memory
     that restores every KV match, the most any placement reaches (the Sparse Prefix Caching, arXiv
     2605.05219, optimum's value there); under a budget the driver evicts by next use (Belady's MIN
-    with bypass, planner.eviction.NextUseEviction; LRU when it gives no future): optimal in
+    with bypass, planner.evictions.next_use.NextUseEviction; LRU when it gives no future): optimal in
     restores for equal-size snapshots, a reference for tokens."""
 
     name = "optimum"

@@ -4,7 +4,7 @@ speculative grid (denser in a store with no budget), with shadow-best eviction.
 Why a 2048-token grid, captured into free memory only: the ablations in `results/LOG.md` (the
 2026-12-02 entries "ours-plus: speculative grid captures into free memory" and "Trace runs with
 the current ours-plus and optimum") and `results/traces/README.md`; why shadow-best eviction (it
-was learned value until 2026-12-03): `planner/shadow_eviction.py` and results/LOG.md, seventh
+was learned value until 2026-12-03): `planner/evictions/shadow_best.py` and results/LOG.md, seventh
 session.
 """
 
@@ -30,7 +30,7 @@ class OursPlus(Aligned):
     of prompt + reply kept at finish (decode snapshots), and speculative in-launch captures every
     OURS_PLUS_GRID_TOKENS (2048) tokens (OURS_PLUS_UNBOUNDED_GRID_TOKENS, 1024, in a store with no
     budget); under a budget the store follows whichever of four rules restored the most tokens
-    lately on shadow stores (planner.shadow_eviction.ShadowBestEviction: learned value over every
+    lately on shadow stores (planner.evictions.shadow_best.ShadowBestEviction: learned value over every
     capture, or learned value, seglen or LRU with the speculative and chunk-end captures kept to
     free memory: the grid thins itself when its captures go unrestored). A byte-identical repeat
     then replays 1 token, and a next chat turn its new tokens plus the reply's last token (the one

@@ -9,7 +9,7 @@ import types
 from typing import Iterable, Mapping
 
 from kernels.checks import require
-from planner.eviction_registry import EVICTION_POLICIES
+from planner.evictions.registry import EVICTION_POLICIES
 from planner.policies.aligned import Aligned
 from planner.policies.base import PlacementPolicy
 from planner.policies.legacy import Legacy
