@@ -81,6 +81,18 @@ def test_the_digest_sees_one_bit_of_one_ttft():
     assert digest(out | {"metrics": {"ttft_s_p50": math.nextafter(0.125, 0.0), "wall_s": 1.0}}) != base
 
 
+def test_a_setting_added_after_the_recording_counts_off_its_recorded_value():
+    """`snapshot_dtype` joined `effective_settings` after the digests were recorded: at the value those
+    runs had (float32) it is left out, so their digests hold; any other value changes the digest."""
+    def out(settings):
+        return {"metrics": {"effective_settings": settings}, "records": []}
+
+    base = digest(out({"policy": "ours-plus"}))
+    assert digest(out({"policy": "ours-plus", "snapshot_dtype": "float32"})) == base
+    assert digest(out({"policy": "ours-plus", "snapshot_dtype": "bfloat16"})) != base
+    assert digest(out({"policy": "marconi", "snapshot_dtype": "float32"})) != base
+
+
 def test_simulate_restores_the_gc_thresholds():
     """`simulate` runs under its own GC thresholds (experiments/traces/simulate.py) and gives the
     process back its own afterwards, whatever they were."""
