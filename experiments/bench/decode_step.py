@@ -33,11 +33,11 @@ from __future__ import annotations
 import copy
 import os
 import statistics
-import sys
 
 import torch
 
 from experiments.common.results_io import environment, log, write_json
+from experiments.common.study import Context, NothingToRun, Ran, Study, run_study
 from kernels.testing import tolerance
 
 RECORD = "bench_decode_step"
@@ -131,13 +131,11 @@ def step_bytes(model, batch: int, context: int) -> dict[str, int]:
     return parts
 
 
-def parser():
+def add_flags(p) -> None:
     from experiments.bench import preset_name
-    from experiments.common.flags import device_name, int_in_range, int_list, new_parser
-    from experiments.common.outputs import add_out_flags
+    from experiments.common.flags import device_name, int_in_range, int_list
     from pathlib import Path
 
-    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.decode_step")
     p.add_argument("--model", type=preset_name, default="bamba-9b", help="model preset (random weights)")
     p.add_argument("--batches", type=int_list(1), default="1,16,64", metavar="B,...",
                    help="decode batch sizes, comma-separated")
@@ -149,8 +147,6 @@ def parser():
                         "a dry run)")
     p.add_argument("--ceilings", type=Path, default=None,
                    help="a ceilings.json (python -m experiments.bench.ceilings): its copy GB/s is the floor's rate")
-    add_out_flags(p, RECORD)
-    return p
 
 
 def fill_decode_state(cache) -> None:
@@ -221,57 +217,61 @@ def bench_batch(model, args, batch: int, blocks_per_row: int, bw: float) -> dict
                 eager_over_floor=t_eager / floor)
 
 
-def check_device(p, args) -> bool:
-    """False (after saying so) where the bench cannot run: no CUDA, and no interpreter for a CPU run."""
+def check_device(p, args) -> None:
+    """`NothingToRun` where the bench has nothing to time (no CUDA); a usage error for a CPU run without
+    the interpreter."""
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        log("decode_step: no CUDA device; nothing measured, nothing written")
-        return False
+        raise NothingToRun("decode_step: no CUDA device; nothing measured, nothing written")
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         p.error("argument --device: cpu runs the triton backend only through the interpreter (TRITON_INTERPRET=1)")
-    return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    from experiments.common.inputs import fail_on_input_error
+class DecodeStepBench(Study):
+    """1 if a batch's graph step was wrong."""
+    record = RECORD
+    prog = "python -m experiments.bench.decode_step"
+    description = __doc__.splitlines()[0]
+    replot = False
 
-    return fail_on_input_error(parser)(_main)(argv)
+    def add_flags(self, ap) -> None:
+        add_flags(ap)
+
+    def check(self, ctx: Context) -> None:
+        from experiments.bench.ratios import load_ceilings
+
+        ctx.args.device = ctx.args.device or "cuda"
+        ctx.inputs["ceilings"] = load_ceilings(ctx.args.ceilings)
+        check_device(ctx.ap, ctx.args)
+
+    def run(self, ctx: Context) -> Ran:
+        from model import from_preset
+
+        args, ceilings = ctx.args, ctx.inputs["ceilings"]
+        torch.manual_seed(0)
+        dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+        model = from_preset(args.model, backend="triton", seed=0, dtype=dtype, device=args.device)
+        bw = ceilings["copy_gbps"] * 1e9 if ceilings else copy_bandwidth(args.device)
+        blocks_per_row = -(-(args.context + steps_needed(args.repeats)) // args.block_size)
+        rows_out, failed = [], False
+        for B in args.batches:
+            row = bench_batch(model, args, B, blocks_per_row, bw)
+            failed |= row is None
+            if row is not None:
+                rows_out.append(row)
+                log(str(row))
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()  # the batch's cache and graphs are gone with `bench_batch`'s frame
+        path = write_json(args.out / "decode_step.json",
+                          dict(environment=environment(args.device), preset=args.model, dtype=str(dtype).split(".")[-1],
+                               copy_bandwidth_Bps=bw, copy_from="ceilings" if ceilings else "measured here",
+                               rows=rows_out))
+        return Ran([path], status=1 if failed else 0)
 
 
-def _main(argv: list[str] | None = None) -> int:
-    """Run the benchmark (see the module's docstring); 1 if a batch's graph step was wrong."""
-    from experiments.bench.ratios import load_ceilings
-    from experiments.common.outputs import precheck_out, report_written, resolve_out
-    from model import from_preset
-
-    p = parser()
-    args = p.parse_args(argv)
-    args.device = args.device or "cuda"
-    precheck_out(p, args.out)
-    ceilings = load_ceilings(args.ceilings)
-    if not check_device(p, args):
-        return 0
-    resolve_out(p, args)
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    model = from_preset(args.model, backend="triton", seed=0, dtype=dtype, device=args.device)
-    bw = ceilings["copy_gbps"] * 1e9 if ceilings else copy_bandwidth(args.device)
-    blocks_per_row = -(-(args.context + steps_needed(args.repeats)) // args.block_size)
-    rows_out, failed = [], False
-    for B in args.batches:
-        row = bench_batch(model, args, B, blocks_per_row, bw)
-        failed |= row is None
-        if row is not None:
-            rows_out.append(row)
-            log(str(row))
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()  # the batch's cache and graphs are gone with `bench_batch`'s frame
-    path = write_json(args.out / "decode_step.json",
-                      dict(environment=environment(args.device), preset=args.model, dtype=str(dtype).split(".")[-1],
-                           copy_bandwidth_Bps=bw, copy_from="ceilings" if ceilings else "measured here",
-                           rows=rows_out))
-    report_written([path])
-    return 1 if failed else 0
+STUDY = DecodeStepBench()
+parser = STUDY.parser
+main = STUDY.main
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)

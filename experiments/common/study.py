@@ -4,7 +4,7 @@
 1. The parser: `new_parser` (every default in --help), the study's flags (`add_flags`), and the
    skeleton's: `--out` / `--publish` (results/<record>/), `--replot` (and `--merge` for a sharded study).
 2. Input checks, before any folder exists: argparse's type checks, then the study's `check(ctx)`
-   (cross-flag usage errors, input files read). An `InputError` raised anywhere, or a checkpoint
+   (cross-flag usage errors, input files read; `NothingToRun`: nothing to do here, exit 0). An `InputError` raised anywhere, or a checkpoint
    that does not load (`runs.ModelLoadError`), ends in one usage line naming it, exit code 2.
 3. The folder (`resolve_out`): a new `runs/<record>/<UTC timestamp>/` unless --out / --publish, made
    and probed for writing before the run; a reading invocation (--replot, --merge, `folder = "read"`)
@@ -63,6 +63,7 @@ class Context:
     replotting: bool = False
     reading: str | None = None  # the flag whose existing folder this invocation reads (--replot, --merge), or None
     result: Any = None  # the run's `Ran.result`, once it has run
+    inputs: dict = dataclasses.field(default_factory=dict)  # what `check` read, for `run` (read once)
 
     def error(self, message: str) -> NoReturn:
         """One usage line (exit code 2); name the flag: 'argument --x: ...'."""
@@ -81,6 +82,11 @@ class Context:
     def make_out(self) -> Path:
         """Make and probe `--out` now (`folder = "optional"`: only once there is something to write)."""
         return check_writable(self.ap, self.out)
+
+
+class NothingToRun(Exception):
+    """Raised by `check` where the command has nothing to do on this machine (a GPU bench without a
+    GPU): its message is logged, nothing is made, exit code 0."""
 
 
 Headline = Union[Sequence[Row], dict]  # rows for the study's record, or {record label: rows}
@@ -173,7 +179,11 @@ class Study:
         reading = ctx.reading = self.reading(args)
         if reading is None:  # a folder to make: one that cannot be is refused before the checks read anything
             precheck_out(ap, ctx.out)
-        self.check(ctx)
+        try:
+            self.check(ctx)
+        except NothingToRun as e:
+            log(str(e))
+            return 0
         if self.folder != "optional":
             ctx.out = resolve_out(ap, args, reading=reading)
         if ctx.replotting:
