@@ -48,6 +48,7 @@ import torch
 
 from experiments.bench.ratios import add_peer_ratios, load_ceilings, pct_of
 from experiments.common.results_io import environment, log, read_csv, write_csv
+from experiments.common.study import Context, NothingToRun, Ran, Study, run_study
 from kernels.testing import tolerance
 
 CSV_NAME = "bench.csv"
@@ -67,14 +68,10 @@ def int_list_or_none(lo: int):
     return lambda text: [] if not text.strip() else check(text)
 
 
-def parser():
-    from experiments.common.flags import (add_replot_flag, device_name, float_in_range, int_in_range, int_list,
-                                          new_parser)
+def add_flags(p) -> None:
+    from experiments.common.flags import device_name, float_in_range, int_in_range, int_list
     from experiments.bench import preset_name
-    from experiments.common.outputs import add_out_flags
 
-    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.paged_attention")
-    add_out_flags(p, RECORD)
     p.add_argument("--model", type=preset_name, default="bamba-9b",
                    help="model preset whose attention shape to time (query heads, KV heads, head dim)")
     p.add_argument("--batches", type=int_list(1), default="1,4,16,64", metavar="B,...",
@@ -102,18 +99,15 @@ def parser():
                    help="cuda (absent: cuda), or cpu through the Triton interpreter (TRITON_INTERPRET=1; a dry run)")
     p.add_argument("--ceilings", type=Path, default=None,
                    help="a ceilings.json (python -m experiments.bench.ceilings): copy GB/s and GEMM TFLOP/s")
-    add_replot_flag(p)
-    return p
 
 
-def parse_args(argv=None):
+def derive_args(args) -> None:
+    """The device default and the preset's attention shape (query heads, KV heads, head dim) on `args`."""
     from model.families import PRESETS
 
-    args = parser().parse_args(argv)
     args.device = args.device or "cuda"
     c = PRESETS[args.model]
     args.num_q_heads, args.num_kv_heads, args.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    return args
 
 
 def _ints(text: str) -> list[int]:
@@ -511,35 +505,41 @@ def replot(out: Path) -> list[Path]:
     return [out / PNG_NAME]
 
 
-def main(argv=None) -> int:
-    from experiments.common.inputs import fail_on_input_error
+class PagedAttentionBench(Study):
+    """1 if a config failed its correctness check (its rows are not reported)."""
+    record = RECORD
+    prog = "python -m experiments.bench.paged_attention"
+    description = __doc__.splitlines()[0]
 
-    return fail_on_input_error(parser)(_main)(argv)
+    def add_flags(self, ap) -> None:
+        add_flags(ap)
+
+    def check(self, ctx: Context) -> None:
+        args = ctx.args
+        derive_args(args)
+        if ctx.reading:
+            return
+        args.given_ceilings = load_ceilings(args.ceilings)
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise NothingToRun("experiments.bench.paged_attention: no CUDA device on this machine; nothing measured, "
+                               "nothing written.")
+        if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            ctx.error("argument --device: cpu runs the Triton kernel only through the interpreter "
+                      "(TRITON_INTERPRET=1)")
+
+    def run(self, ctx: Context) -> Ran:
+        rows, all_ok = sweep(ctx.args)
+        if not all_ok:
+            print("some configs failed their correctness check and were not reported", file=sys.stderr)
+        return Ran([ctx.out / CSV_NAME], status=0 if all_ok else 1)
+
+    def figures(self, ctx: Context) -> list[Path]:
+        return replot(ctx.out)
 
 
-def _main(argv=None) -> int:
-    from experiments.common.outputs import precheck_out, report_written, resolve_out
-
-    args = parse_args(argv)
-    precheck_out(parser(), args.out)
-    if args.replot:
-        resolve_out(parser(), args, reading="--replot")
-        report_written(replot(args.out))
-        return 0
-    ceilings = load_ceilings(args.ceilings)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        log("experiments.bench.paged_attention: no CUDA device on this machine; nothing measured, nothing written.")
-        return 0
-    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        parser().error("argument --device: cpu runs the Triton kernel only through the interpreter "
-                       "(TRITON_INTERPRET=1)")
-    args.given_ceilings = ceilings
-    resolve_out(parser(), args)
-    rows, all_ok = sweep(args)
-    report_written([args.out / CSV_NAME, *replot(args.out)])
-    if not all_ok:
-        print("some configs failed their correctness check and were not reported", file=sys.stderr)
-    return 0 if all_ok else 1
+STUDY = PagedAttentionBench()
+parser = STUDY.parser
+main = STUDY.main
 
 
 def sweep(args) -> tuple[list[dict], bool]:
@@ -591,4 +591,4 @@ def sweep(args) -> tuple[list[dict], bool]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)
