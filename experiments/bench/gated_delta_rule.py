@@ -170,7 +170,7 @@ def load_fla(cuda: bool):
     """(make(inp) -> call, or None; note): fla's chunk kernel on CUDA, else why not."""
     from experiments.bench import peers
 
-    fn, why = peers._fla_import("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+    fn, why = peers.load_fla_gated_delta()
     if fn is not None and not cuda:
         return None, "fla: its kernels do not run under the Triton interpreter (a CPU run times no peer)"
     version = peers.versions().get("fla-core", "?")
@@ -182,7 +182,7 @@ def load_fla_naive():
     """fla's own token-by-token recurrence (the CPU stand-in for its kernel), or (None, why not)."""
     from experiments.bench import peers
 
-    return peers._fla_import("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
+    return peers.load_fla_gated_delta_naive()
 
 
 def fla_call(fn, inp: dict):

@@ -1,6 +1,8 @@
 """Peer kernels timed beside ours, loaded from the git-ignored folder `bash scripts/fetch_peers.sh`
 fills (./peers, or $PEERS_DIR), with the adapters that feed them our SSD inputs.
 
+* fla-core's `chunk_gated_delta_rule` (peers/fla): the gated delta rule bench's peer, its adapter in
+  `experiments.bench.gated_delta_rule` (the same problem's layout with a batch axis; no conversion).
 * fla-core's `chunk_simple_gla` (peers/fla): simple GLA is SSD with B/C expanded per head:
   q = C, k = B (each group's rows repeated over its H/G heads), v = x * dt, g = dt * A (natural-log
   decay), scale 1, state [K=N, V=P] per head; y = o + D * x. The expansion and softplus(dt + bias)
@@ -115,6 +117,16 @@ def load_fla_simple_gla():
 def load_fla_naive():
     """fla's own pure-torch recurrence of simple GLA (the CPU stand-in for its kernel)."""
     return _fla_import("fla.ops.simple_gla.naive", "naive_recurrent_simple_gla")
+
+
+def load_fla_gated_delta():
+    """(chunk_gated_delta_rule, '') or (None, why not): the gated delta rule bench's peer."""
+    return _fla_import("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+
+
+def load_fla_gated_delta_naive():
+    """fla's own token-by-token gated delta rule (the CPU stand-in for its kernel)."""
+    return _fla_import("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
 
 
 # ---------------------------------------------------------------------------------------------
