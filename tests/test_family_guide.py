@@ -1,13 +1,18 @@
 """docs/add_a_family.md followed once: its toy family (`relu2_hybrid`: Mamba-2 and attention layers,
 each followed by Nemotron-H's relu^2 MLP, built only from shared pieces), written as the guide's
 step 1 says and registered the way step 2 says (here with `register` for the test's length, the
-call the registry makes for each line of `REGISTERED`, so the real registry stays the three). It
+call the registry makes for each line of `REGISTERED`, so the real registry stays as it is). It
 then runs like any family: its preset builds through `from_preset`, round-trips through its
-config.json mapping and its checkpoint names, runs chunked like whole, and is costed."""
+config.json mapping and its checkpoint names, runs chunked like whole, and is costed. The guide's
+corrections from adding Qwen3-Next are checked against the code: the trace study's `--model` reads
+`SHAPES`, transformers v5 writes experts one tensor each (the checkpoint names are the file's), and
+every file and name section 5 lists for a new layer kind is where the Gated DeltaNet kind lives."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,7 +96,7 @@ FAMILY = Family(model_type=MODEL_TYPE, config_from_hf=config_from_hf, config_to_
 @pytest.fixture
 def registered():
     """What the guide's registry line does (`register(FAMILY)`, as model/families/__init__.py does for
-    each entry of REGISTERED), undone afterwards so the other tests see the real three families."""
+    each entry of REGISTERED), undone afterwards so the other tests see the real families."""
     saved = dict(FAMILIES), dict(PRESETS)
     register(FAMILY)
     yield FAMILY
@@ -140,3 +145,76 @@ def test_the_registry_refuses_a_second_family_or_preset_of_the_same_name(registe
     with pytest.raises(ValueError, match="^presets:"):
         register(clash)
     assert "relu2_hybrid_2" not in FAMILIES
+
+
+# ---- the guide's corrections, against the code ---------------------------------------------------------
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "add_a_family.md"
+ROOT = GUIDE.parents[1]
+
+
+def test_the_trace_study_takes_only_the_shapes_the_guide_names():
+    """Step 2: `python -m experiments.traces --model` reads SHAPES, not PRESETS (a registered tiny
+    preset is refused there until its published shape is added)."""
+    from experiments.traces.__main__ import parser
+    from experiments.traces.cost import SHAPES
+
+    model = next(a for a in parser()._actions if "--model" in a.option_strings)
+    assert sorted(model.choices) == sorted(SHAPES) and set(SHAPES.values()) <= set(PRESETS)
+    assert "qwen3-next-tiny" in PRESETS and "qwen3-next-tiny" not in model.choices
+    assert "experiments/traces/cost.py" in GUIDE.read_text() and "SHAPES" in GUIDE.read_text()
+
+
+def test_transformers_writes_qwen3_next_experts_one_tensor_each(tmp_path):
+    """Step 1: its module holds experts fused, its file one tensor per expert, and our checkpoint
+    names are the file's (every tensor, each once)."""
+    from safetensors import safe_open
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    import model.families as registry  # this module's config_to_hf is the toy family's
+    from model.loading import checkpoint_names
+
+    cfg = PRESETS["qwen3-next-tiny"]
+    hf = Qwen3NextForCausalLM(Qwen3NextConfig(**registry.config_to_hf(cfg)))
+    module_names = set(hf.state_dict())
+    assert "model.layers.0.mlp.experts.gate_up_proj" in module_names
+    hf.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", framework="pt") as f:
+        file_names = set(f.keys())
+    assert "model.layers.0.mlp.experts.gate_up_proj" not in file_names
+    assert {f"model.layers.0.mlp.experts.{e}.{p}.weight" for e in range(cfg.moe.num_experts)
+            for p in ("gate_proj", "up_proj", "down_proj")} <= file_names
+    ours = [n for names in checkpoint_names(HybridLM(cfg)).values() for n in ((names,) if isinstance(names, str)
+                                                                               else names)]
+    assert len(ours) == len(set(ours)) and set(ours) == file_names
+
+
+def _section_5_rows() -> list[tuple[str, str]]:
+    text = GUIDE.read_text().split("## 5.", 1)[1]
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 10, "section 5's table of places a new layer kind touches"
+    return [(where.strip(), what.strip()) for where, what in rows]
+
+
+def _files_of(where: str) -> list[Path]:
+    out = []
+    for path in re.findall(r"`([^`]+)`", where):
+        p = ROOT / path
+        assert p.exists(), f"section 5 names {path}, which does not exist"
+        out += sorted(p.glob("*.py")) if p.is_dir() else [p]
+    return out
+
+
+@pytest.mark.parametrize("where, what", _section_5_rows(), ids=lambda x: x.split("`")[1] if "`" in x else None)
+def test_section_5_names_where_the_gated_deltanet_kind_lives(where, what):
+    """Each place the table lists mentions the kind Qwen3-Next added, and each name it gives for the
+    place is defined or used there (a renamed function or a moved rule fails here)."""
+    files = _files_of(where)
+    text = "\n".join(f.read_text() for f in files)
+    assert re.search(r"linear_attention|gated_delta|deltanet|qwen3.next", text, re.IGNORECASE), where
+    for name in re.findall(r"`([^`]+)`", what):
+        name = name.removesuffix("()")
+        if "/" in name:
+            assert (ROOT / name).exists(), name
+        elif re.fullmatch(r"[A-Za-z_][\w.]*", name) and len(name) > 1:
+            assert name.split(".")[-1] in text, f"{where}: {name} not found there"
