@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.results_io import environment, log, read_csv, write_csv, write_json
+from experiments.common.study import Context, Ran, Study, run_study
 from model import PRESETS, SequenceChunk, from_preset, load_pretrained, save_pretrained
 
 GOAL_RATIO = 1.5  # issues #5 and #10: torch-backend prefill >= 1.5x transformers at 8192 tokens
@@ -65,11 +66,9 @@ def model_list(text: str) -> list[str]:
     return [model_name(x) for x in items]
 
 
-def parser():
-    from experiments.common.flags import add_replot_flag, float_in_range, int_in_range, int_list, new_parser
-    from experiments.common.outputs import add_out_flags
+def add_flags(p) -> None:
+    from experiments.common.flags import float_in_range, int_in_range, int_list
 
-    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.model_prefill")
     p.add_argument("--model", type=model_list, default=",".join(DEFAULT_MODELS), metavar="MODEL,...",
                    help="presets or checkpoint folders, comma-separated (default: one CPU preset per family)")
     p.add_argument("--tokens", type=int_in_range(1), default=8192, help="prompt length in tokens")
@@ -81,15 +80,6 @@ def parser():
     p.add_argument("--seed", type=int_in_range(0, 2**32 - 1), default=0, help="weights and prompt seed")
     p.add_argument("--atol", type=float_in_range(0), default=1e-4,
                    help="max abs last-token logit difference allowed before timing")
-    add_out_flags(p, RECORD)
-    add_replot_flag(p)
-    return p
-
-
-def parse_args(argv=None):
-    args = parser().parse_args(argv)
-    args.models = args.model
-    return args
 
 
 def build(name: str, seed: int):
@@ -206,44 +196,51 @@ def headline(by_model: dict) -> list[tuple]:
     return rows
 
 
-def main(argv=None) -> int:
-    from experiments.common.inputs import fail_on_input_error
+class ModelPrefillBench(Study):
+    """1 if a model fails the correctness gate (nothing reported)."""
+    record = RECORD
+    prog = "python -m experiments.bench.model_prefill"
+    description = __doc__.splitlines()[0]
 
-    return fail_on_input_error(parser)(_main)(argv)
+    def add_flags(self, ap) -> None:
+        add_flags(ap)
+
+    def check(self, ctx: Context) -> None:
+        from experiments.common.inputs import require_extra
+
+        ctx.args.models = ctx.args.model
+        if not ctx.reading:
+            require_extra("transformers", EXTRA, "experiments.bench.model_prefill (the transformers side)")
+
+    def run(self, ctx: Context) -> Ran:
+        args = ctx.args
+        threads_list = args.threads or sorted({torch.get_num_threads(), 1}, reverse=True)
+        rows, by_model = [], {}
+        for name in args.models:
+            model_rows, summary, diff = bench_model(args, name, threads_list)
+            if model_rows is None:
+                print(f"correctness gate failed for {name} ({diff:.3g} > {args.atol}): not reporting timings",
+                      file=sys.stderr)
+                return Ran([], status=1, finished=False)
+            rows += model_rows
+            by_model[model_rows[0]["preset"]] = summary
+        summary = {
+            "models": list(by_model), "tokens": args.tokens, "repeats": args.repeats, "block_size": args.block_size,
+            "goal": GOAL_RATIO, "by_model": by_model, "environment": environment("cpu"),
+        }
+        return Ran([write_csv(args.out / "bench.csv", rows), write_json(args.out / "summary.json", summary)],
+                   result=json.loads(json.dumps(by_model, default=str)))
+
+    def figures(self, ctx: Context) -> list[Path]:
+        return replot(ctx.out)
+
+    def headline(self, ctx: Context) -> list[tuple]:
+        return headline(ctx.result)
 
 
-def _main(argv=None) -> int:
-    from experiments.common.inputs import require_extra
-    from experiments.common.outputs import beside_record, precheck_out, report_written, resolve_out, writes_record
-
-    args = parse_args(argv)
-    precheck_out(parser(), args.out)
-    if args.replot:
-        resolve_out(parser(), args, reading="--replot")
-        report_written(replot(args.out))
-        return 0
-    require_extra("transformers", EXTRA, "experiments.bench.model_prefill (the transformers side)")
-    resolve_out(parser(), args)
-    threads_list = args.threads or sorted({torch.get_num_threads(), 1}, reverse=True)
-    rows, by_model = [], {}
-    for name in args.models:
-        model_rows, summary, diff = bench_model(args, name, threads_list)
-        if model_rows is None:
-            print(f"correctness gate failed for {name} ({diff:.3g} > {args.atol}): not reporting timings",
-                  file=sys.stderr)
-            return 1
-        rows += model_rows
-        by_model[model_rows[0]["preset"]] = summary
-    summary = {
-        "models": list(by_model), "tokens": args.tokens, "repeats": args.repeats, "block_size": args.block_size,
-        "goal": GOAL_RATIO, "by_model": by_model, "environment": environment("cpu"),
-    }
-    written = [write_csv(args.out / "bench.csv", rows), write_json(args.out / "summary.json", summary)]
-    written += replot(args.out)
-    if not writes_record(args.out):
-        beside_record(headline(json.loads(json.dumps(by_model, default=str))), RECORD)
-    report_written(written)
-    return 0
+STUDY = ModelPrefillBench()
+parser = STUDY.parser
+main = STUDY.main
 
 
 def plot(csv_path: Path, png_path: Path) -> None:
@@ -293,4 +290,4 @@ def plot(csv_path: Path, png_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)
