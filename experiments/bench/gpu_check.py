@@ -116,7 +116,7 @@ STEPS = (
          lambda r: _py("experiments.bench.ssd_scan", "--out", str(r.folder("ssd")), *r.ceilings_flag(),
                        "--device", "cpu", "--impl", "torch", "--model", "tiny", "--tokens", "97", "--repeats", "1",
                        "--sequential-tokens", "0")),
-    Step("gdn", 75, 30,  # fla autotunes its kernels at the first call of each length (the ssd step: 90 s)
+    Step("gdn", 75, 30,  # fla autotunes its kernels at its first call, the gate (keys: heads, head dims, chunk)
          lambda r: _py("experiments.bench.gated_delta_rule", "--out", str(r.folder("gdn")), *r.ceilings_flag(),
                        "--tokens", "8192,32768", "--warmup-ms", "25", "--rep-ms", "100"),
          lambda r: _py("experiments.bench.gated_delta_rule", "--out", str(r.folder("gdn")), *r.ceilings_flag(),
