@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from experiments.common.flags import float_list, int_in_range, new_parser
-from experiments.common.inputs import InputError, fail_on_input_error, read_json, read_text
-from experiments.common.outputs import add_out_flags, report_written, resolve_out
+from experiments.common.flags import float_list, int_in_range
+from experiments.common.inputs import InputError, read_json, read_text
 from experiments.common.results_io import environment, log, write_csv, write_json, write_text
+from experiments.common.study import Study, run_study
 from experiments.traces.windows import TEST_SEED, TRAIN, WINDOW_REQUESTS, Window, excluded, protocol
 from experiments.workloads import READINGS, WORKLOADS
 from planner.eviction_registry import EVICTION_POLICIES
@@ -269,8 +268,8 @@ def plot(rows: list[dict], config: dict, path: Path) -> Path:
     return fs.save(fig, path)
 
 
-def replot(out: Path) -> list[Path]:
-    """The report and the figure again from `out/heldout.json` (a bad file is an InputError naming it)."""
+def figures_from(out: Path) -> list[Path]:
+    """The report and the figure from `out/heldout.json` (a bad file is an InputError naming it)."""
     path = Path(out) / "heldout.json"
     data = read_json(path, ("config", "rows"), what="a held-out run")
     try:
@@ -279,49 +278,6 @@ def replot(out: Path) -> list[Path]:
                                                                                   out / "heldout.png")]
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise InputError(f"{path}: not a held-out run ({type(err).__name__}: {err})") from None
-
-
-def parser():
-    from experiments.common.flags import add_replot_flag
-
-    ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.traces.heldout")
-    ap.add_argument("--trace", choices=list(WORKLOADS), default="mooncake-conversation", help="the workload")
-    ap.add_argument("--reading", choices=READINGS, default="chains", help="how its requests continue each other")
-    ap.add_argument("--width", type=int_in_range(1), default=WINDOW_REQUESTS, help="requests per test window")
-    ap.add_argument("--test-windows", type=int_in_range(1), default=None,
-                    help="at most this many test windows (absent: every one the rule gives)")
-    ap.add_argument("--seed", type=int, default=TEST_SEED, help="the test windows' seed (windows.py's rule)")
-    ap.add_argument("--trace-requests", type=int_in_range(1), default=None,
-                    help="take the trace as its first N requests (absent: all of them, counted)")
-    ap.add_argument("--whole", action="store_true", help="also run every pair on the whole trace")
-    ap.add_argument("--ours", type=pair_list, default=pair_text(OURS),
-                    help="the judged pairs, placement+eviction (comma list; a placement alone: its own eviction)")
-    ap.add_argument("--peers", type=pair_list, default=",".join(map(pair_text, PEERS)),
-                    help="the peer pairs they are judged against (comma list)")
-    ap.add_argument("--budget-gb", type=float_list(0, lo_open=True), default="4",
-                    help="device snapshot budgets in GB (comma list)")
-    ap.add_argument("--host-gb", type=float_list(0), default="0", help="host tiers in GB (comma list; 0: none)")
-    ap.add_argument("--model", default="bamba-9b", choices=("bamba-9b", "granite-4.0-h-small", "nemotron-h-8b"),
-                    help="the model shape of the cost model")
-    ap.add_argument("--resume", action="store_true", help="keep the points in --out's points.jsonl; run the rest")
-    add_out_flags(ap, RECORD)
-    add_replot_flag(ap)
-    return ap
-
-
-def check_same_study(ap, path: Path, config: dict) -> None:
-    """A resume adds points only to a run of the same trace, reading, model and engine settings (added
-    windows, pairs or cells are fine); a folder with no report yet is not checked."""
-    if not path.is_file():
-        return
-    try:
-        stored = json.loads(read_text(path, "a held-out run's report"))["config"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        ap.error(f"argument --resume: {path} is not a held-out run's report (no config in it)")
-    same = ("trace", "reading", "model", "shape", "prefill_budget", "max_batch_size", "kv_pool_gb", "time_scale")
-    differ = [f"{k}={stored.get(k)!r} there, {config[k]!r} here" for k in same if stored.get(k) != config[k]]
-    if differ:
-        ap.error(f"argument --resume: {path.parent} holds another study: " + "; ".join(differ))
 
 
 def trace_length(trace: str, reading: str, cap: int | None) -> int:
@@ -336,61 +292,112 @@ def trace_length(trace: str, reading: str, cap: int | None) -> int:
     return n
 
 
-@fail_on_input_error(parser)
-def main(argv=None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    if args.replot:
-        resolve_out(ap, args, reading="--replot")
-        report_written(replot(args.out))
-        return 0
-    if args.resume and args.out is None:
-        ap.error("argument --resume: needs --out FOLDER (the killed run's folder)")
-    overlap = set(args.ours) & set(args.peers)
-    if overlap:
-        ap.error(f"argument --peers: {', '.join(map(pair_text, sorted(overlap)))} is also judged (--ours)")
-    total = trace_length(args.trace, args.reading, args.trace_requests)
-    windows = protocol(args.trace, total, args.width, args.test_windows, args.seed, args.whole)
-    if not any(w.split == "test" for w in windows):
-        ap.error(f"argument --width: no {args.width}-request test window fits in {args.trace}'s {total:,} requests "
-                 "outside its train and seen windows")
-    out = resolve_out(ap, args)
-    path = out / "points.jsonl"
-    config = {"trace": args.trace, "reading": args.reading, "model": args.model, "trace_requests": total,
-              "width": args.width, "seed": args.seed, "budget_gb": args.budget_gb, "host_gb": args.host_gb,
-              "ours_pairs": [list(p) for p in args.ours], "peers": [pair_text(p) for p in args.peers],
-              "test_rule": "tiles of the stretches no train or seen window touches, slack offset and (with "
-                           "--test-windows) one per consecutive group drawn by numpy default_rng(seed)",
-              "windows": [{"start": w.start, "limit": w.limit, "split": w.split, "label": w.label(), "why": w.why}
-                          for w in windows],
-              "excluded": [{"start": w.start, "limit": w.limit, "split": w.split, "label": w.label(), "why": w.why}
-                           for w in excluded(args.trace)],
-              "train_traces": sorted(TRAIN), **base_config(args)}
-    if args.resume:
-        check_same_study(ap, out / "heldout.json", config)
-    rows = done_rows(path) if args.resume else []
-    have = {key(r) for r in rows}
-    todo = [p for p in points(windows, args) if key(p) not in have]
-    log(f"{args.trace} ({args.reading}), {total:,} requests: windows "
-        + ", ".join(f"{w.split} {w.label()}" for w in windows) + f"; {len(todo)} points to run ({len(rows)} kept)")
-    t0 = time.time()
-    rows = with_ratios(run(todo, rows, base_config(args), path, args.resume), list(args.ours))
-    config_plot = config | {"ours_pairs": list(args.ours)}
-    written = [write_json(out / "heldout.json", {"simulated": True, "config": config, **environment(),
-                                                 "spread": spread(rows), "rows": rows,
-                                                 "points_wall_s": sum(r.get("wall_s", 0.0) for r in rows),
-                                                 "invocation_wall_s": time.time() - t0}),
-               write_csv(out / "heldout.csv", [{k: v for k, v in r.items() if k != "eviction_leaders"} for r in rows]),
-               write_text(out / "heldout.md", report(rows, config)), plot(rows, config_plot, out / "heldout.png"),
-               path]
-    for s in spread(rows):
-        if s["judged"]:
-            log(f"{s['budget_gb']:g} GB {s['tier']} {s['policy']}+{s['eviction']} {s['split']}: wins {s['wins']} of "
-                f"{s['windows']}, ratio median {s['ratio_median']:.3f} (min {s['ratio_min']:.3f}, max "
-                f"{s['ratio_max']:.3f})")
-    report_written(written)
-    return 0
+SAME_STUDY = ("trace", "reading", "model", "shape", "prefill_budget", "max_batch_size", "kv_pool_gb", "time_scale")
 
+
+class Heldout(Study):
+    record = RECORD
+    prog = "python -m experiments.traces.heldout"
+    description = __doc__.split("\n")[0]
+
+    def add_flags(self, ap):
+        ap.add_argument("--trace", choices=list(WORKLOADS), default="mooncake-conversation", help="the workload")
+        ap.add_argument("--reading", choices=READINGS, default="chains", help="how its requests continue each other")
+        ap.add_argument("--width", type=int_in_range(1), default=WINDOW_REQUESTS, help="requests per test window")
+        ap.add_argument("--test-windows", type=int_in_range(1), default=None,
+                        help="at most this many test windows (absent: every one the rule gives)")
+        ap.add_argument("--seed", type=int, default=TEST_SEED, help="the test windows' seed (windows.py's rule)")
+        ap.add_argument("--trace-requests", type=int_in_range(1), default=None,
+                        help="take the trace as its first N requests (absent: all of them, counted)")
+        ap.add_argument("--whole", action="store_true", help="also run every pair on the whole trace")
+        ap.add_argument("--ours", type=pair_list, default=pair_text(OURS),
+                        help="the judged pairs, placement+eviction (comma list; a placement alone: its own eviction)")
+        ap.add_argument("--peers", type=pair_list, default=",".join(map(pair_text, PEERS)),
+                        help="the peer pairs they are judged against (comma list)")
+        ap.add_argument("--budget-gb", type=float_list(0, lo_open=True), default="4",
+                        help="device snapshot budgets in GB (comma list)")
+        ap.add_argument("--host-gb", type=float_list(0), default="0", help="host tiers in GB (comma list; 0: none)")
+        ap.add_argument("--model", default="bamba-9b", choices=("bamba-9b", "granite-4.0-h-small", "nemotron-h-8b"),
+                        help="the model shape of the cost model")
+        ap.add_argument("--resume", action="store_true", help="keep the points in --out's points.jsonl; run the rest")
+
+    def check(self, ctx):
+        args = ctx.args
+        if ctx.replotting:
+            return
+        if args.resume and args.out is None:
+            ctx.error("argument --resume: needs --out FOLDER (the killed run's folder)")
+        overlap = set(args.ours) & set(args.peers)
+        if overlap:
+            ctx.error(f"argument --peers: {', '.join(map(pair_text, sorted(overlap)))} is also judged (--ours)")
+        total = trace_length(args.trace, args.reading, args.trace_requests)
+        windows = protocol(args.trace, total, args.width, args.test_windows, args.seed, args.whole)
+        if not any(w.split == "test" for w in windows):
+            ctx.error(f"argument --width: no {args.width}-request test window fits in {args.trace}'s {total:,} "
+                      "requests outside its train and seen windows")
+        config = study_config(args, total, windows)
+        if args.resume:
+            self.check_same_study(ctx, Path(args.out) / "heldout.json", config)
+        ctx.inputs.update(windows=windows, config=config)
+
+    @staticmethod
+    def check_same_study(ctx, path: Path, config: dict) -> None:
+        """A resume adds points only to a run of the same trace, reading, model and engine settings
+        (added windows, pairs or cells are fine); a folder with no report yet is not checked."""
+        if not path.is_file():
+            return
+        try:
+            stored = json.loads(read_text(path, "a held-out run's report"))["config"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            ctx.error(f"argument --resume: {path} is not a held-out run's report (no config in it)")
+        differ = [f"{k}={stored.get(k)!r} there, {config[k]!r} here" for k in SAME_STUDY if stored.get(k) != config[k]]
+        if differ:
+            ctx.error(f"argument --resume: {path.parent} holds another study: " + "; ".join(differ))
+
+    def run(self, ctx):
+        args, out = ctx.args, ctx.out
+        windows, config = ctx.inputs["windows"], ctx.inputs["config"]
+        path = out / "points.jsonl"
+        rows = done_rows(path) if args.resume else []
+        have = {key(r) for r in rows}
+        todo = [p for p in points(windows, args) if key(p) not in have]
+        log(f"{args.trace} ({args.reading}), {config['trace_requests']:,} requests: windows "
+            + ", ".join(f"{w.split} {w.label()}" for w in windows) + f"; {len(todo)} points to run ({len(rows)} kept)")
+        t0 = time.time()
+        rows = with_ratios(run(todo, rows, base_config(args), path, args.resume), list(args.ours))
+        for s in spread(rows):
+            if s["judged"]:
+                log(f"{s['budget_gb']:g} GB {s['tier']} {s['policy']}+{s['eviction']} {s['split']}: wins {s['wins']} "
+                    f"of {s['windows']}, ratio median {s['ratio_median']:.3f} (min {s['ratio_min']:.3f}, max "
+                    f"{s['ratio_max']:.3f})")
+        return [write_json(out / "heldout.json", {"simulated": True, "config": config, **environment(),
+                                                  "spread": spread(rows), "rows": rows,
+                                                  "points_wall_s": sum(r.get("wall_s", 0.0) for r in rows),
+                                                  "invocation_wall_s": time.time() - t0}),
+                write_csv(out / "heldout.csv", [{k: v for k, v in r.items() if k != "eviction_leaders"} for r in rows]),
+                path]
+
+    def figures(self, ctx):
+        return figures_from(ctx.out)
+
+
+def study_config(args, total: int, windows: list[Window]) -> dict:
+    """What the record says about the run: trace, reading, model, windows (each with its split and
+    why), the excluded ones, the pairs, the cells and the engine settings."""
+    as_dict = lambda w: {"start": w.start, "limit": w.limit, "split": w.split, "label": w.label(),  # noqa: E731
+                         "why": w.why}
+    return {"trace": args.trace, "reading": args.reading, "model": args.model, "trace_requests": total,
+            "width": args.width, "seed": args.seed, "budget_gb": args.budget_gb, "host_gb": args.host_gb,
+            "ours_pairs": [list(p) for p in args.ours], "peers": [pair_text(p) for p in args.peers],
+            "test_rule": "tiles of the stretches no train or seen window touches, slack offset and (with "
+                         "--test-windows) one per consecutive group drawn by numpy default_rng(seed)",
+            "windows": [as_dict(w) for w in windows], "excluded": [as_dict(w) for w in excluded(args.trace)],
+            "train_traces": sorted(TRAIN), **base_config(args)}
+
+
+STUDY = Heldout()
+parser = STUDY.parser
+main = STUDY.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)
