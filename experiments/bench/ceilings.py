@@ -13,29 +13,15 @@ new ``runs/bench_ceilings/<timestamp>/``).
 
 from __future__ import annotations
 
-import sys
+from pathlib import Path
 
 import torch
 
 from experiments.common.results_io import environment, log, write_json
+from experiments.common.study import Context, Study, run_study
 
 RECORD = "bench_ceilings"
 JSON_NAME = "ceilings.json"
-
-
-def parser():
-    from experiments.common.flags import device_name, int_in_range, new_parser
-    from experiments.common.outputs import add_out_flags
-
-    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.ceilings")
-    p.add_argument("--device", type=device_name, default=None, help="cuda or cpu (absent: cuda if present)")
-    p.add_argument("--copy-mib", type=int_in_range(1), default=4096,
-                   help="bytes in the copy's source + destination together, MiB")
-    p.add_argument("--gemm-size", type=int_in_range(16), default=8192, help="M = N = K of the GEMM")
-    p.add_argument("--warmup", type=int_in_range(1), default=25, help="do_bench warm-up, ms")
-    p.add_argument("--rep", type=int_in_range(1), default=200, help="do_bench repetition time, ms")
-    add_out_flags(p, RECORD)
-    return p
 
 
 def copy_gbps(device: str, total_bytes: int, bench, warmup: int, rep: int) -> float:
@@ -70,19 +56,35 @@ def measure(args) -> dict:
                 gemm_size=args.gemm_size, gemm_dtype=str(dtype).split(".")[-1], gemm_tflops=float(f"{gemm:.4g}"))
 
 
-def main(argv=None) -> int:
-    from experiments.common.outputs import precheck_out, report_written, resolve_out
+class Ceilings(Study):
+    record = RECORD
+    prog = "python -m experiments.bench.ceilings"
+    description = __doc__.splitlines()[0]
+    replot = False
 
-    p = parser()
-    args = p.parse_args(argv)
-    precheck_out(p, args.out)
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error("argument --device: cuda asked for, but torch sees no CUDA device")
-    resolve_out(p, args)
-    report_written([write_json(args.out / JSON_NAME, measure(args))])
-    return 0
+    def add_flags(self, p) -> None:
+        from experiments.common.flags import device_name, int_in_range
 
+        p.add_argument("--device", type=device_name, default=None, help="cuda or cpu (absent: cuda if present)")
+        p.add_argument("--copy-mib", type=int_in_range(1), default=4096,
+                       help="bytes in the copy's source + destination together, MiB")
+        p.add_argument("--gemm-size", type=int_in_range(16), default=8192, help="M = N = K of the GEMM")
+        p.add_argument("--warmup", type=int_in_range(1), default=25, help="do_bench warm-up, ms")
+        p.add_argument("--rep", type=int_in_range(1), default=200, help="do_bench repetition time, ms")
+
+    def check(self, ctx: Context) -> None:
+        args = ctx.args
+        args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            ctx.error("argument --device: cuda asked for, but torch sees no CUDA device")
+
+    def run(self, ctx: Context) -> list[Path]:
+        return [write_json(ctx.out / JSON_NAME, measure(ctx.args))]
+
+
+STUDY = Ceilings()
+parser = STUDY.parser
+main = STUDY.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)

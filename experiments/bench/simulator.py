@@ -27,8 +27,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from experiments.common.outputs import add_out_flags, report_written, resolve_out
 from experiments.common.results_io import environment, log, write_json
+from experiments.common.study import Context, Ran, Study, run_study
 
 RECORD = "bench_simulator"
 REF_POINTS = ("trtllm-0.25gb-lru", "ours-plus-4gb-shadow_best", "marconi-0.25gb-seglen")
@@ -122,48 +122,60 @@ def _commit() -> str | None:
         return None
 
 
-def parser() -> argparse.ArgumentParser:
-    from tests.sim_digest_points import POINTS
+class SimulatorBench(Study):
+    """1 if a point's records disagree with the reference simulator's."""
+    record = RECORD
+    prog = "python -m experiments.bench.simulator"
+    description = __doc__.split("\n")[0]
+    replot = False
 
-    ap = argparse.ArgumentParser(prog="python -m experiments.bench.simulator", description=__doc__.split("\n")[0])
-    ap.add_argument("--limit", type=int, default=1000, help="Mooncake conversation requests per point")
-    ap.add_argument("--points", default=",".join(POINTS), help=f"comma list of {sorted(POINTS)}")
-    ap.add_argument("--ref-requests", type=int, default=30, help="requests of the reference part (0: skip it)")
-    ap.add_argument("--ref-points", default=",".join(REF_POINTS), help="points of the reference part")
-    add_out_flags(ap, RECORD)
-    return ap
+    def add_flags(self, ap: argparse.ArgumentParser) -> None:
+        from tests.sim_digest_points import POINTS
+
+        ap.add_argument("--limit", type=int, default=1000, help="Mooncake conversation requests per point")
+        ap.add_argument("--points", default=",".join(POINTS), help=f"comma list of {sorted(POINTS)}")
+        ap.add_argument("--ref-requests", type=int, default=30, help="requests of the reference part (0: skip it)")
+        ap.add_argument("--ref-points", default=",".join(REF_POINTS), help="points of the reference part")
+
+    def points(self, args) -> tuple[list[str], list[str]]:
+        points = [p for p in args.points.split(",") if p]
+        return points, [p for p in args.ref_points.split(",") if p] if args.ref_requests else []
+
+    def check(self, ctx: Context) -> None:
+        from tests.sim_digest_points import POINTS
+
+        points, ref_points = self.points(ctx.args)
+        for name in points + ref_points:
+            if name not in POINTS:
+                ctx.error(f"argument --points/--ref-points: {name!r} is not one of {sorted(POINTS)}")
+        if ctx.args.limit < 1 or ctx.args.ref_requests < 0:
+            ctx.error("argument --limit: must be >= 1 (and --ref-requests >= 0)")
+
+    def run(self, ctx: Context) -> Ran:
+        args = ctx.args
+        points, ref_points = self.points(args)
+        rows = []
+        for name in points:
+            rows.append(time_point(name, args.limit))
+            r = rows[-1]
+            log(f"{name}: {r['cpu_s']:.1f} s CPU ({r['cpu_us_per_request']:.0f} us a request, "
+                f"{r['cpu_us_per_row']:.1f} us a row, {r['rows']} rows)")
+        for name in ref_points:
+            rows.append(time_against_reference(name, args.ref_requests))
+            r = rows[-1]
+            log(f"reference {name}: simulator {r['simulator_cpu_us_per_request']:.0f} us a request, reference "
+                f"{r['reference_cpu_us_per_request']:.0f} ({r['reference_over_simulator']:.1f}x); agree "
+                f"{r['records_agree']}")
+        data = {"config": {"trace": "mooncake-conversation", "limit": args.limit, "ref_requests": args.ref_requests,
+                           "shape": "bamba-9b", "commit": _commit()},
+                "environment": environment("cpu"), "rows": rows}
+        return Ran([write_json(Path(ctx.out) / "bench_simulator.json", data)],
+                   status=0 if all(r.get("records_agree", True) for r in rows) else 1)
 
 
-def main(argv=None) -> int:
-    from tests.sim_digest_points import POINTS
-
-    ap = parser()
-    args = ap.parse_args(argv)
-    points = [p for p in args.points.split(",") if p]
-    ref_points = [p for p in args.ref_points.split(",") if p] if args.ref_requests else []
-    for name in points + ref_points:
-        if name not in POINTS:
-            ap.error(f"argument --points/--ref-points: {name!r} is not one of {sorted(POINTS)}")
-    if args.limit < 1 or args.ref_requests < 0:
-        ap.error("argument --limit: must be >= 1 (and --ref-requests >= 0)")
-    out = resolve_out(ap, args)
-    rows = []
-    for name in points:
-        rows.append(time_point(name, args.limit))
-        r = rows[-1]
-        log(f"{name}: {r['cpu_s']:.1f} s CPU ({r['cpu_us_per_request']:.0f} us a request, "
-            f"{r['cpu_us_per_row']:.1f} us a row, {r['rows']} rows)")
-    for name in ref_points:
-        rows.append(time_against_reference(name, args.ref_requests))
-        r = rows[-1]
-        log(f"reference {name}: simulator {r['simulator_cpu_us_per_request']:.0f} us a request, reference "
-            f"{r['reference_cpu_us_per_request']:.0f} ({r['reference_over_simulator']:.1f}x); agree {r['records_agree']}")
-    data = {"config": {"trace": "mooncake-conversation", "limit": args.limit, "ref_requests": args.ref_requests,
-                       "shape": "bamba-9b", "commit": _commit()},
-            "environment": environment("cpu"), "rows": rows}
-    report_written([write_json(Path(out) / "bench_simulator.json", data)])
-    return 0 if all(r.get("records_agree", True) for r in rows) else 1
-
+STUDY = SimulatorBench()
+parser = STUDY.parser
+main = STUDY.main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_study(STUDY)
