@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
+from kernels.checks import require
 from planner.policies.base import PlacementPolicy, PlanContext
 from planner.policies.registry import get_policy
 
@@ -47,14 +48,17 @@ class ChunkPlan:
 
 
 def plan_chunk(
-    offset: int, total: int, proposed: int, block_size: int, interval: int, policy: PlacementPolicy | str = "aligned",
+    offset: int, total: int, proposed: int, block_size: int, interval: int, policy: PlacementPolicy,
     marks: Sequence[int] = (), ctx: PlanContext | None = None,
 ) -> ChunkPlan:
-    """The chunk at `offset` under `policy` (a `PlacementPolicy` or its name), with its snapshot and
-    capture decisions. `marks`: positions this request must leave a snapshot at (the policy's
-    admission marks); `ctx` defaults to `PlanContext(block_size, interval)`. `interval` is checked
-    where it is used (`planner.policies.aligned.is_checkpoint_chunk_end`)."""
-    policy = get_policy(policy)
+    """The chunk at `offset` under `policy`, with its snapshot and capture decisions. `policy` is the
+    object, never a name: the scheduler calls this every tick, and a name is resolved once, where the
+    engine is built (`planner.policies.registry.get_policy`). `marks`: positions this request must
+    leave a snapshot at (the policy's admission marks); `ctx` defaults to `PlanContext(block_size,
+    interval)`. `interval` is checked where it is used (`planner.policies.aligned.is_checkpoint_chunk_end`)."""
+    if not isinstance(policy, PlacementPolicy):  # (the message is built only then: this runs every chunk)
+        require(False, "policy",
+                f"must be a PlacementPolicy (resolve a name once: planner.policies.registry.get_policy), got {policy!r}")
     ctx = ctx or PlanContext(block_size, interval)
     length = policy.chunk_len(offset, total, proposed, ctx)
     inside = [m for m in marks if offset < m < offset + length]
@@ -78,8 +82,10 @@ def plan_prompt(
 ) -> list[ChunkPlan]:
     """Every chunk of one prompt from `start`, given the budget of the i-th chunk (no scheduler).
 
-    A quick way to see a policy's chunk ends; the scheduler builds the same plans tick by tick.
+    A quick way to see a policy's chunk ends (`policy`: the object or its name, resolved here once
+    for the prompt); the scheduler builds the same plans tick by tick.
     """
+    policy = get_policy(policy)
     budget = (lambda i: budget_per_chunk) if isinstance(budget_per_chunk, int) else budget_per_chunk
     plans, offset = [], start
     while offset < total:

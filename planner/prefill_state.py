@@ -52,13 +52,14 @@ class PrefillState:
     def is_done(self) -> bool:
         return self.remaining == 0
 
-    def plan_next(self, budget: int, block_size: int, interval: int, policy: PlacementPolicy | str,
-                  ctx: PlanContext | None = None) -> ChunkPlan:
-        """The next chunk given at most `budget` tokens this tick (budget >= 1)."""
+    def plan_next(self, budget: int, policy: PlacementPolicy, ctx: PlanContext) -> ChunkPlan:
+        """The next chunk given at most `budget` tokens this tick (budget >= 1), under `policy` (the
+        object, resolved once where the engine was built) with what its rules read, `ctx` (the KV
+        block and snapshot interval among it)."""
         if self.is_done:
             raise RuntimeError("plan_next on a finished prefill")
         require(budget >= 1, "budget", f"must be >= 1, got {budget}")
-        return plan_chunk(self.position, self.total, min(budget, self.remaining), block_size, interval, policy,
+        return plan_chunk(self.position, self.total, min(budget, self.remaining), ctx.block_size, ctx.interval, policy,
                           self.marks, ctx)
 
     def chunk_tokens(self, plan: ChunkPlan) -> list[int]:

@@ -50,7 +50,10 @@ class SchedulerConfig:
     prefill_budget: int = 8192
     max_batch_size: int = 1
     num_kv_blocks: int = 4096
-    policy: str = "aligned"  # a name of planner.policies.registry.POLICIES ("aligned": the fix; "legacy": before it)
+    # The placement policy: a name of planner.policies.registry.POLICIES ("aligned": the fix; "legacy":
+    # before it) is resolved once, here; afterwards this is always the `PlacementPolicy` object, which
+    # every later layer is handed (an engine's settings pass the object: nothing resolves it again).
+    policy: PlacementPolicy | str = "aligned"
     snapshot_interval_blocks: int = 0  # also snapshot non-last chunk ends at multiples of this many blocks
     enable_prefix_caching: bool = True
     ssm_snapshots: bool = True  # the model has SSM layers: a warm start needs a snapshot
@@ -70,17 +73,12 @@ class SchedulerConfig:
         unit = self.prefix_match_unit
         require(unit >= 0 and (unit == 0 or self.block_size % unit == 0), "prefix_match_unit",
                 f"must be 0 (the block) or divide block_size={self.block_size}, got {unit}")
-        get_policy(self.policy)
+        self.policy = get_policy(self.policy)
 
     @property
     def match_unit(self) -> int:
         """The prefix match's granularity in tokens (`prefix_match_unit`, 0 read as the block)."""
         return self.prefix_match_unit or self.block_size
-
-    @property
-    def chunk_policy(self) -> PlacementPolicy:
-        """The policy `policy` names (resolved by the planner's registry, `get_policy`)."""
-        return get_policy(self.policy)
 
     @property
     def plan_context(self) -> PlanContext:
@@ -167,7 +165,7 @@ class Scheduler:
                               match_unit=config.prefix_match_unit)
         self._copy_sources: list = []  # blocks copied from this tick, held until `update`
         self.snapshots = snapshots if snapshots is not None else SnapshotStore(config.block_size)
-        self.policy = config.chunk_policy
+        self.policy = config.policy
         self.context = dataclasses.replace(config.plan_context,
                                            snapshot_memory_bounded=self.snapshots.byte_budget is not None)
         self.waiting: collections.deque[Request] = collections.deque()
@@ -216,8 +214,7 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING or req.is_decoding:
                 continue
-            plan = req.prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy,
-                                         self.context)
+            plan = req.prefill.plan_next(budget, self.policy, self.context)
             if not self._grow_or_preempt(req, plan.end, preempted):
                 break  # FIFO: nobody overtakes a prefill that is waiting for memory
             rows.append(self._prefill_row(req, plan))
@@ -316,7 +313,7 @@ class Scheduler:
         speculative = {m for m in self.policy.speculative_marks(lease.num_cached_tokens, start, total, self.context)
                        if start < m < total} - marks
         prefill = PrefillState(tokens, lease, tuple(sorted(marks | speculative)))
-        plan = prefill.plan_next(budget, cfg.block_size, cfg.snapshot_interval_blocks, self.policy, self.context)
+        plan = prefill.plan_next(budget, self.policy, self.context)
         if not self.kv.allocate(lease, plan.end):
             self.kv.release(lease)
             if copy is not None:

@@ -83,11 +83,11 @@ def test_incident_chunk_ends(policy, ends, snapshots):
 
 
 def test_last_chunk_captures_the_split_point():
-    plan = plan_chunk(0, 1000, 1000, 16, 0, "aligned")  # one chunk shorter than the budget
+    plan = plan_chunk(0, 1000, 1000, 16, 0, POLICIES["aligned"])  # one chunk shorter than the budget
     assert plan.is_last and plan.capture_offsets == (tail_split_point(1000, 16),) == (976,)
     assert plan.snapshot_positions == (976,)
     assert last_chunk_capture_offsets(976, 24, 1000, 16) == ()  # starts at the split: nothing inside
-    assert plan_chunk(0, 1000, 1000, 16, 0, "legacy").capture_offsets == (976,)  # the old dispatch did this too
+    assert plan_chunk(0, 1000, 1000, 16, 0, POLICIES["legacy"]).capture_offsets == (976,)  # the old dispatch did this too
 
 
 # ---------------------------------------------------------------- argument errors
@@ -107,9 +107,12 @@ def test_bad_interval_and_policy():
     with pytest.raises(ValueError, match="interval"):
         is_checkpoint_chunk_end(16, 100, 16, -1)
     with pytest.raises(ValueError, match="interval"):
-        plan_chunk(0, 100, 10, 16, -1)
+        plan_chunk(0, 100, 10, 16, -1, POLICIES["aligned"])
     with pytest.raises(ValueError, match="policy"):
         get_policy("greedy")
+    # the planner takes the policy object only: a name is resolved once, where the engine is built
+    with pytest.raises(ValueError, match="^policy: must be a PlacementPolicy .*got 'aligned'"):
+        plan_chunk(0, 100, 10, 16, 0, "aligned")
     with pytest.raises(ValueError, match="^snapshot_interval_blocks: must be >= 0 blocks"):
         check_interval(-1, "snapshot_interval_blocks")
     check_interval(0)

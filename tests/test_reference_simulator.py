@@ -150,7 +150,7 @@ def settings_differences(settings: dict, policy: str, case: dict, cost: ShapeCos
     got_grid = (settings["decode_snapshot_grid"] or settings["block_size"]) if settings["decode_snapshots"] else None
     want = (block, state, cost.kernel_chunk, grid, unit, case["prefill_budget"], case["max_batch_size"], policy)
     got = (settings["block_size"], settings["state_block"], settings["kernel_chunk"], got_grid,
-           settings["prefix_match_unit"], settings["prefill_budget"], settings["max_batch_size"], settings["policy"])
+           settings["prefix_match_unit"], settings["prefill_budget"], settings["max_batch_size"], settings["policy"].name)
     return [] if got == want else [f"settings {got} != {want}"]
 
 

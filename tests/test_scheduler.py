@@ -6,10 +6,14 @@ import pytest
 
 from model.engine import Engine, EngineConfig, ModelShape
 from model.engine import PlaceholderRunner
+from planner.policies.base import PlanContext
+from planner.policies.registry import POLICIES
 from planner.prefill_state import PrefillState
 from planner.prefix_cache import KVLease
 from planner.request import Request
 from planner.scheduler import SchedulerConfig
+
+ALIGNED = POLICIES["aligned"]
 
 
 def make_engine(capture_mode="in_pass", **sched):
@@ -232,12 +236,12 @@ def test_prefill_commit_must_match_the_kv():
     pool = BlockPool(4)
     lease = KVLease(4, pool.allocate(3))
     state = PrefillState(list(range(10)), lease)
-    plan = state.plan_next(5, 4, 0, "aligned")
+    plan = state.plan_next(5, ALIGNED, PlanContext(4))
     assert (plan.offset, plan.length) == (0, 4)
     assert not state.commit(plan)
     with pytest.raises(RuntimeError, match="KV says"):
         state.commit(plan)
-    assert state.commit(state.plan_next(100, 4, 0, "aligned"))
+    assert state.commit(state.plan_next(100, ALIGNED, PlanContext(4)))
 
 
 def test_a_budget_sliver_does_not_admit_a_request_before_its_shared_prefix_is_published():

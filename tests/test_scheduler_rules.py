@@ -87,8 +87,8 @@ def test_prefill_state_needs_a_token_and_a_positive_budget():
         PrefillState([], KVLease(4))
     state = PrefillState([7], KVLease(4))  # one token is enough
     with pytest.raises(ValueError, match="^budget:"):
-        state.plan_next(0, 4, 0, "aligned")
-    plan = state.plan_next(1, 4, 0, "aligned")  # budget 1: the one token
+        state.plan_next(0, POLICIES["aligned"], PlanContext(4))
+    plan = state.plan_next(1, POLICIES["aligned"], PlanContext(4))  # budget 1: the one token
     assert (plan.offset, plan.length) == (0, 1)
 
 
@@ -131,7 +131,7 @@ def test_plan_context_defaults_and_immutability():
     assert SGLang().saves_snapshot(256, 1000, ctx) and not SGLang().saves_snapshot(257, 1000, ctx)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.interval = 1
-    plan = plan_chunk(0, 10, 4, 4, 0)
+    plan = plan_chunk(0, 10, 4, 4, 0, POLICIES["aligned"])
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.length = 3
 

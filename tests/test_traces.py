@@ -91,7 +91,7 @@ def test_marks_stop_or_capture():
 def test_plan_chunk_keeps_the_seed_figures_with_a_context():
     ends = [p.end for p in plan_prompt(32772, 16, lambda i: 8193 if i == 0 else 8192, 0, "aligned")]
     assert ends == [8192, 16384, 24576, 32752, 32772]
-    plan = plan_chunk(0, 100, 100, 16, 0, "legacy", marks=(40,))
+    plan = plan_chunk(0, 100, 100, 16, 0, POLICIES["legacy"], marks=(40,))
     assert (plan.end, plan.snapshot_at_end) == (40, True)  # legacy stops at a mark
 
 

@@ -36,10 +36,11 @@ from kernels.checks import require
 from model.engine import Engine, resolve_settings
 from model.engine.placeholder_runner import PlaceholderRunner
 from model.engine.snapshot_codec import check_snapshot_dtype
-from planner.eviction import NextUseEviction
-from planner.eviction_registry import EVICTION_POLICIES
+from planner.evictions.base import EvictionPolicy
+from planner.evictions.next_use import NextUseEviction
+from planner.evictions.registry import EVICTION_POLICIES
+from planner.policies.base import PlacementPolicy
 from planner.policies.registry import get_policy
-from planner.snapshot_store import EvictionPolicy
 from planner.snapshot_tiers import Tier, disk_tier, host_tier
 
 GB = 1e9
@@ -49,7 +50,7 @@ GB = 1e9
 class SimConfig:
     """One simulated run: the policy, the shape, the snapshot budget and the engine's settings."""
 
-    policy: str
+    policy: PlacementPolicy | str  # a name is resolved once, here: afterwards the object
     shape: str = "bamba-9b"
     budget_gb: float | None = None  # snapshot memory; None: unbounded
     block_size: int = 16  # the engine's KV block (vllm-align uses the padded block instead)
@@ -58,7 +59,7 @@ class SimConfig:
     kv_pool_gb: float = 60.0  # KV memory, the same for every policy and budget
     time_scale: float = 1.0  # arrivals at arrival_s * time_scale
     check_whole_prefix: bool = False  # the runner re-hashes the whole KV prefix under each row (validation; slow)
-    eviction: str | None = None  # None: the policy's own (`get_policy(policy).eviction`); a name overrides it
+    eviction: str | None = None  # None: the policy's own (`policy.eviction`); a name overrides it
     host_gb: float | None = None  # a host-memory snapshot tier below the device budget (None or 0: none)
     disk_gb: float | None = None  # a disk tier below that (None or 0: none)
     # where a prefix match may end (tokens, dividing the block; 1 any token): None the policy's own
@@ -70,7 +71,7 @@ class SimConfig:
     snapshot_dtype: str | None = None
 
     def __post_init__(self):
-        get_policy(self.policy)
+        object.__setattr__(self, "policy", get_policy(self.policy))
         if self.snapshot_dtype is not None:
             check_snapshot_dtype(self.snapshot_dtype)
         require(self.eviction is None or self.eviction in EVICTION_POLICIES, "eviction",
@@ -161,8 +162,8 @@ def simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig,
 
 def _simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig, marks: dict[int, Sequence[int]] | None,
               uses: Mapping[tuple, Sequence[int]] | None) -> dict:
-    require(marks is not None or not get_policy(cfg.policy).needs_oracle, "marks",
-            f"policy {cfg.policy!r} is offline: give its oracle marks (experiments.traces.oracle.oracle_for)")
+    require(marks is not None or not cfg.policy.needs_oracle, "marks",
+            f"policy {cfg.policy.name!r} is offline: give its oracle marks (experiments.traces.oracle.oracle_for)")
     t0 = time.perf_counter()
     cost = ShapeCost.from_preset(cfg.shape)
     clock = SimClock()
@@ -207,7 +208,7 @@ def _simulate(requests: Iterable[WorkloadRequest], cfg: SimConfig, marks: dict[i
     records.sort(key=lambda r: r.index)
     held = {"peak": peak, "mean": byte_seconds / max(clock.now, 1e-12)}
     metrics = _metrics(records, engine, clock, held, prompt_tokens) | {"wall_s": time.perf_counter() - t0}
-    return {"metrics": metrics, "records": records, "settings": cfg.engine_settings(cost)}
+    return {"metrics": metrics, "records": records, "settings": engine.effective_settings}
 
 
 def _metrics(records: list[RequestRecord], engine: Engine, clock: SimClock, held: dict, prompt_tokens: int) -> dict:

@@ -20,6 +20,7 @@ from experiments.traces.oracle import optimum_marks, optimum_matches, optimum_us
 from experiments.traces.simulate import SimConfig, simulate
 from experiments.workloads import MooncakeTrace, open_workload
 from experiments.workloads.request import WorkloadRequest
+from planner.policies.base import PlacementPolicy
 from planner.policies.registry import get_policy
 
 NAME = "traces"
@@ -73,25 +74,26 @@ def _admitted(requests: Sequence[WorkloadRequest], every_s: float) -> Iterator[W
             log("  " + p.line())
 
 
-def _match_unit(policy: str, config: dict) -> int | None:
+def _match_unit(policy: PlacementPolicy, config: dict) -> int | None:
     """The sweep's `prefix_match_unit` for `policy` (None: the policy's own); the optimum keeps its
     own, the block: its oracle marks whole-block matches (experiments/traces/oracle.py)."""
-    return None if get_policy(policy).needs_oracle else config.get("prefix_match_unit")
+    return None if policy.needs_oracle else config.get("prefix_match_unit")
 
 
 def measure_point(point: dict, config: dict, progress_s: float | None = None) -> dict:
     """One simulated run: the row of metrics, with the per-request TTFTs for the CDF. `progress_s`:
     log the requests admitted so far (rate, ETA) every that many seconds."""
     start = config.get("start", 0)
+    policy = get_policy(point["policy"])  # the point names it (a row of JSON): resolved once, handed down
     requests = load_requests(point["trace"], point["reading"], config["limit"], config.get("trace_file"), start)
-    cfg = SimConfig(point["policy"], shape=config["shape"], budget_gb=point["budget_gb"],
+    cfg = SimConfig(policy, shape=config["shape"], budget_gb=point["budget_gb"],
                     prefill_budget=config["prefill_budget"], max_batch_size=config["max_batch_size"],
                     kv_pool_gb=config["kv_pool_gb"], time_scale=config["time_scale"], eviction=config.get("eviction"),
                     host_gb=config.get("host_gb"), disk_gb=config.get("disk_gb"),
-                    prefix_match_unit=_match_unit(point["policy"], config),
+                    prefix_match_unit=_match_unit(policy, config),
                     snapshot_dtype=config.get("snapshot_dtype"))
     marks = uses = None
-    if get_policy(cfg.policy).needs_oracle:
+    if policy.needs_oracle:
         marks, uses = oracle_for(point["trace"], point["reading"], config["limit"], config.get("trace_file"),
                                  cfg.block_size, start)
     out = simulate(requests if progress_s is None else _admitted(requests, progress_s), cfg, marks, uses)

@@ -61,11 +61,12 @@ from model.engine.snapshot_codec import DEFAULT_SNAPSHOT_DTYPE, SnapshotCodec, c
 from model.engine.spill import state_identity
 from model.engine.two_pass import run_in_passes
 from model.hybrid import HybridLM
-from planner.eviction_registry import get_eviction
+from planner.evictions.base import EvictionPolicy
+from planner.evictions.registry import get_eviction
 from planner.prefill_plan import ChunkPlan
 from planner.request import Request
 from planner.scheduler import ScheduledRow, Scheduler, SchedulerConfig
-from planner.snapshot_store import EvictionPolicy, SnapshotStore
+from planner.snapshot_store import SnapshotStore
 
 CAPTURE_MODES = ("in_pass", "two_pass", "none")
 
@@ -188,7 +189,7 @@ class Engine:
     def __init__(self, runner: Runner, config: EngineConfig, eviction: EvictionPolicy | str | None = None,
                  snapshot_flops: Callable[[int], float] | None = None,
                  clock: Callable[[], float] = time.perf_counter):
-        """`eviction`: a policy or its name (`planner.eviction_registry.EVICTION_POLICIES`; default LRU);
+        """`eviction`: a policy or its name (`planner.evictions.registry.EVICTION_POLICIES`; default LRU);
         `snapshot_flops(position)`: the prefill FLOPs a snapshot at `position` spares (default:
         the position), stamped on each snapshot for FLOP-aware eviction."""
         self.runner = runner
@@ -265,7 +266,7 @@ class Engine:
     def effective_settings(self) -> dict:
         """What this engine runs under, as a study records it per policy (`settings.EFFECTIVE_KEYS`)."""
         s = self.config.scheduler
-        values = {"policy": s.policy, "block_size": s.block_size, "state_block": s.state_block,
+        values = {"policy": s.policy.name, "block_size": s.block_size, "state_block": s.state_block,
                   "kernel_chunk": s.kernel_chunk, "decode_snapshots": self.config.decode_snapshots,
                   "decode_snapshot_grid": self.config.decode_snapshot_grid, "prefix_match_unit": s.prefix_match_unit,
                   "eviction": self.snapshots.eviction.name, "snapshot_dtype": self.config.snapshot_dtype}

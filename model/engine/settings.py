@@ -5,7 +5,8 @@ or `Engine.for_runner`), so one policy name runs the same engine in every study.
 settings (`SchedulerConfig` and `EngineConfig` fields, plus `eviction`) and the model's
 `ModelShape`:
 
-1. the policy (`policy`, default aligned) sets, from its fields (`planner.policies.base.PlacementPolicy`):
+1. the policy (`policy`, default aligned: the object, or its name, resolved here once per engine and
+   handed on as the object) sets, from its fields (`planner.policies.base.PlacementPolicy`):
    * the KV block: "kv" keeps `block_size`; "vllm" is vLLM's padded hybrid block
      (`ModelShape.vllm_block`) rounded up to a multiple of `block_size`; "vllm-state" keeps
      `block_size` and puts `state_block` on that padded block;
@@ -99,7 +100,8 @@ def _decode_grid(policy: PlacementPolicy, block: int, state_block: int, kernel_c
 
 def resolve_settings(shape: ModelShape | None, **settings: Any) -> dict:
     """The settings an engine runs under: `settings` with the policy's defaults filled in (module
-    docstring); other keys pass through unchanged (`EngineConfig.from_settings` checks them).
+    docstring) and `policy` the `PlacementPolicy` object (a name is resolved here, the engine's one
+    resolution); other keys pass through unchanged (`EngineConfig.from_settings` checks them).
     `shape` None: no model behind the engine (a policy on vLLM's padded block then raises)."""
     out = dict(settings)
     policy = get_policy(out.get("policy", _DEFAULTS.policy))
@@ -122,4 +124,4 @@ def resolve_settings(shape: ModelShape | None, **settings: Any) -> dict:
     out["snapshot_dtype"] = check_snapshot_dtype(out.get("snapshot_dtype") or DEFAULT_SNAPSHOT_DTYPE)
     if callable(out.get("num_kv_blocks")):
         out["num_kv_blocks"] = out["num_kv_blocks"](block)
-    return out | {"policy": policy.name, "block_size": block}
+    return out | {"policy": policy, "block_size": block}
