@@ -33,7 +33,7 @@ from experiments.common.results_io import environment, log, write_csv, write_jso
 from experiments.common.study import Study, run_study
 from experiments.traces.windows import TEST_SEED, TRAIN, WINDOW_REQUESTS, Window, excluded, protocol
 from experiments.workloads import READINGS, WORKLOADS
-from planner.eviction_registry import EVICTION_POLICIES
+from planner.evictions.registry import EVICTION_POLICIES
 from planner.policies.registry import POLICIES, get_policy
 
 RECORD = "traces/heldout"
