@@ -179,6 +179,8 @@ class Study:
         reading = ctx.reading = self.reading(args)
         if reading is None:  # a folder to make: one that cannot be is refused before the checks read anything
             precheck_out(ap, ctx.out)
+        elif ctx.out is not None and Path(ctx.out).is_file():  # a folder to read, and --out names a file
+            ap.error(f"argument {reading}: --out {ctx.out} is a file, not a folder")
         try:
             self.check(ctx)
         except NothingToRun as e:

@@ -9,5 +9,5 @@ Files: `cost.py` (FLOPs and bytes per forward, save and restore; the H200 roofli
 (the wrapper that advances the clock around the engine's model-free `PlaceholderRunner`),
 `simulate.py` (the driver, on the engine's public surface, and the per-policy metrics), `oracle.py`
 (the offline optimum's capture positions), `sweep.py` (policies x budgets x readings, sharded or on
-Ray), `plots.py`, `__main__.py` (the command).
+Ray), `plots.py`, `study.py` (the command, on the study skeleton; `__main__.py` runs it).
 """
