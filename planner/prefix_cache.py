@@ -201,11 +201,13 @@ class PrefixCache:
         under the block, each is also made findable by content, for matches ending inside it."""
         if not self.enabled or lease.num_computed_tokens // self.block_size <= lease.num_published_blocks:
             return  # nothing new is full (a decode row, 15 times in 16 at block 16)
-        full = min(lease.num_computed_tokens // self.block_size, len(block_hashes), len(lease.blocks))
-        for i in range(lease.num_published_blocks, full):
-            if self.pool.publish(lease.blocks[i], block_hashes[i]) and self.token_granular and tokens is not None:
-                self.pool.register_content(lease.blocks[i], _parent(block_hashes, i),
-                                           tokens(i * self.block_size, (i + 1) * self.block_size))
+        bs, first = self.block_size, lease.num_published_blocks
+        full = min(lease.num_computed_tokens // bs, len(block_hashes), len(lease.blocks))
+        new = [i for i in range(first, full) if self.pool.publish(lease.blocks[i], block_hashes[i])]
+        if new and self.token_granular and tokens is not None:  # one slice of their tokens, shared by them
+            span = tokens(new[0] * bs, (new[-1] + 1) * bs)
+            self.pool.register_spans(((lease.blocks[i], _parent(block_hashes, i), (i - new[0]) * bs) for i in new),
+                                     span, bs)
         lease.num_published_blocks = max(lease.num_published_blocks, full)
 
     def release(self, lease: KVLease) -> None:

@@ -93,7 +93,7 @@ class SchedulerConfig:
         return self.prefill_budget + self.max_batch_size
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class ScheduledRow:
     """One row of a tick: a request's decode token or its next prefill chunk, with its restore point."""
 
@@ -116,6 +116,21 @@ class ScheduledRow:
     def num_tokens(self) -> int:
         """Tokens the row runs."""
         return len(self.token_ids)
+
+    # The fields of a `model.batch.SequenceChunk` a runner reads, for a runner that takes the rows as
+    # they are (`takes_token_lists`: the model-free placeholder; `Engine._run`).
+    @property
+    def block_table(self) -> list[int]:
+        return self.request.lease.block_ids
+
+    @property
+    def state_slot(self) -> int:
+        return self.request.slot
+
+    @property
+    def capture_offsets(self) -> tuple[int, ...]:
+        """The in-pass captures its plan asks for (none for a decode row)."""
+        return () if self.plan is None else self.plan.capture_offsets
 
 
 @dataclasses.dataclass
@@ -200,14 +215,18 @@ class Scheduler:
         rows: list[ScheduledRow] = []
         preempted: list[Request] = []
 
-        for req in holders:  # decode rows, paid for by their reservation
-            if req.status is not RequestStatus.RUNNING or not req.is_decoding:
+        running, bs = RequestStatus.RUNNING, cfg.block_size
+        for req in holders:  # decode rows, paid for by their reservation (`is_decoding`, `token_at` inlined)
+            if req.status is not running or req.prefill is not None:
                 continue
-            pos = req.lease.num_computed_tokens
+            lease = req.lease
+            pos = lease.num_computed_tokens
             # (a new block once per block_size tokens: the capacity test spares the call otherwise)
-            if pos >= req.lease.capacity and not self._grow_or_preempt(req, pos + 1, preempted):
+            if pos >= len(lease.blocks) * bs and not self._grow_or_preempt(req, pos + 1, preempted):
                 continue
-            rows.append(ScheduledRow(req, pos, [req.token_at(pos)], req.lease.num_cached_tokens, None))
+            prompt = req.prompt_token_ids
+            token = prompt[pos] if pos < len(prompt) else req.output_token_ids[pos - len(prompt)]
+            rows.append(ScheduledRow(req, pos, [token], lease.num_cached_tokens, None))
 
         for req in holders:  # prefill chunks of requests already admitted, FIFO
             if budget <= 0:
@@ -353,17 +372,36 @@ class Scheduler:
         if self._copy_sources:  # the copies ran before the forward: their sources may be reused now
             self.pool.free(self._copy_sources)
             self._copy_sources = []
+        running, publish = RequestStatus.RUNNING, self.kv.enabled
         for row in output.rows:
             req = row.request
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue  # preempted later in the same tick
-            if row.is_decode:
-                req.lease.advance(1)
+            if row.plan is None:  # a decode row: the steps below, inlined (4 million rows on the trace)
+                lease, out = req.lease, req.output_token_ids
+                pos = lease.num_computed_tokens + 1
+                if pos > len(lease.blocks) * bs:
+                    lease.advance(1)  # raises: the row ran past its lease
+                lease.num_computed_tokens = pos
                 req.metrics.decode_tokens += 1
-            else:
-                req.metrics.chunk_ends.append(row.plan.end)
-                if req.prefill.commit(row.plan):
-                    req.prefill = None
+                token = sampled.get(req.request_id)
+                if token is None:
+                    require(False, "sampled", f"no token for request {req.request_id!r}, which produced logits")
+                token = int(token)
+                out.append(token)
+                full = (len(req.prompt_token_ids) + len(out)) // bs
+                if full > len(req.block_hashes):  # a new full block
+                    known = len(req.block_hashes)
+                    append_block_hashes(req.block_hashes, req.tokens(known * bs, full * bs), bs)
+                if publish and pos // bs > lease.num_published_blocks:  # (`PrefixCache.publish`'s own test)
+                    self.kv.publish(lease, req.block_hashes, req.tokens)
+                if len(out) >= req.max_new_tokens or token == req.eos_token_id:  # `_is_done`
+                    self._finish(req)
+                    finished.append(req)
+                continue
+            req.metrics.chunk_ends.append(row.plan.end)
+            if req.prefill.commit(row.plan):
+                req.prefill = None
             token = sampled.get(req.request_id)
             if req.prefill is None:
                 if token is None:

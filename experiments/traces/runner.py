@@ -59,10 +59,15 @@ class SimulatedRunner:
         """A restore's transfer from a lower snapshot tier, the part its queue wait did not hide."""
         self._spend(seconds)
 
+    @property
+    def takes_token_lists(self) -> bool:
+        """Whether rows may carry their tokens as lists (the inner runner's say: `Engine._run`)."""
+        return getattr(self.inner, "takes_token_lists", False)
+
     def forward(self, rows: Sequence[SequenceChunk]) -> BatchOutput:
         out = self.inner.forward(rows)
         captures = sum(len(r.capture_offsets) for r in rows)
-        spans = [(r.start_pos, r.token_ids.numel()) for r in rows]
+        spans = [(r.start_pos, len(r.token_ids)) for r in rows]  # a tensor's numel() was 3 us a row
         self._spend(self.cost.forward_s(spans) + captures * self.cost.capture_s)
         self.forwards += 1
         return out

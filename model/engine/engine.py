@@ -348,9 +348,13 @@ class Engine:
     def _run(self, rows: list[ScheduledRow]) -> BatchOutput:
         """Run the tick's rows in the configured capture mode; per row its logits and captures."""
         mode = self.config.capture_mode
-        chunks = to_chunks(rows, mode)
+        # A runner that takes token lists gets the scheduled rows themselves (they carry a chunk's
+        # fields: `ScheduledRow.block_table`, ...): no tensor and no chunk per row (the model-free
+        # placeholder, 4 million decode rows on a whole trace)
+        lists = mode == "in_pass" and getattr(self.runner, "takes_token_lists", False)
+        chunks = rows if lists else to_chunks(rows, mode)
         for row, chunk in zip(rows, chunks):
-            if not row.is_decode:
+            if row.plan is not None:
                 row.request.metrics.prefill_passes += 1 + (len(chunk.capture_offsets) if mode == "two_pass" else 0)
         if mode == "two_pass":
             out, passes = run_in_passes(self.runner, chunks)
@@ -363,21 +367,22 @@ class Engine:
         """Save each prefill row's snapshots; the token of each row that produces one (None mid-prompt):
         the request's forced output where it has one (`add_request`), else the argmax of the logits."""
         sampled: dict[str, int | None] = {}
+        all_forced = self._forced
         for row, row_logits, row_captured in zip(rows, result.logits, result.captured):
-            req = row.request
-            if not row.is_decode:
+            req, plan = row.request, row.plan
+            if plan is not None:
                 self._save_snapshots(row, row_captured)
             elif req.snapshot_marks:
                 self._save_marked_decode_state(row)
-            produces_token = row.is_decode or row.plan.is_last
+            produces_token = plan is None or plan.is_last
             token = None
             if produces_token:
-                forced, k = self._forced.get(req.request_id), len(req.output_token_ids)
+                forced, k = all_forced.get(req.request_id), len(req.output_token_ids)
                 token = forced[k] if forced is not None and k < len(forced) else int(torch.argmax(row_logits))
             sampled[req.request_id] = token
             # the prompt's last token only: a preempted request's recompute ends at its last output
             # token, whose logits are another position's (the fuzz's seed 1000 compared those)
-            if produces_token and not row.is_decode and self.config.keep_prompt_logits and not req.output_token_ids:
+            if produces_token and plan is not None and self.config.keep_prompt_logits and not req.output_token_ids:
                 self.prompt_logits[req.request_id] = row_logits.detach().clone()
         return sampled
 
@@ -400,8 +405,8 @@ class Engine:
         if grid == 1:
             return  # every end is on the grid: the finish state is read at finish, not copied per token
         for row in rows:
-            end = row.start_pos + row.num_tokens
-            if (row.is_decode or row.plan.is_last) and end % grid == 0:
+            end = row.start_pos + len(row.token_ids)
+            if end % grid == 0 and (row.plan is None or row.plan.is_last):
                 self._boundary_states[row.request.request_id] = (end, self.runner.read_state(row.request.slot))
 
     def _save_boundary_state(self, req: Request, slot: int) -> None:

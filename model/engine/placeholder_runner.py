@@ -29,6 +29,7 @@ which works over any runner.
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from typing import Sequence
 
 import numpy as np
@@ -126,13 +127,47 @@ class PlaceholderRunner:
             self.kv[dst, :rows] = self.kv[src, :rows]
             self.kv_hash[dst, :rows] = self.kv_hash[src, :rows]
 
+    # The engine may hand this runner its scheduled rows as they are (`Engine._run`): anything with a
+    # `SequenceChunk`'s fields whose `token_ids` is a list of ints. A tensor view per decode row and a
+    # `SequenceChunk` around it were ~4 us of the ~19 us a trace simulator's row cost.
+    takes_token_lists = True
+
     def forward(self, rows: Sequence[SequenceChunk]) -> BatchOutput:
-        """Check each row against its slot and KV, consume its tokens; one-hot logits of the hash."""
+        """Check each row against its slot and KV, consume its tokens; one-hot logits of the hash.
+        A row's `token_ids` is a 1-D tensor or a list of ints (`takes_token_lists`)."""
         logits, captured = [], []
+        bs, kv, kv_hash, slots, vocab, nbytes = (self.block_size, self.kv, self.kv_hash, self.slots, self.vocab_size,
+                                                 self.snapshot_nbytes)
+        one_hots = self._one_hots
         for row in rows:
-            h, row_captured = self._run_row(row)
-            logits.append(self._one_hot(h % self.vocab_size))
-            captured.append(row_captured)
+            ids, start = row.token_ids, row.start_pos
+            if type(ids) is not list or len(ids) != 1 or not start or self.check_whole_prefix:
+                h, row_captured = self._run_row(row)
+                logits.append(self._one_hot(h % vocab))
+                captured.append(row_captured)
+                continue
+            # A decode row given as a list: `_run_row`'s checks and writes in the same order, inlined
+            # (~4 million rows a whole trace).
+            state, table = slots[row.state_slot], row.block_table
+            if state.position != start:
+                raise AssertionError(f"slot {row.state_slot} holds position {state.position}, row starts at {start}")
+            if len(table) * bs < start + 1:
+                raise AssertionError("block table too short for the row")
+            if int(kv_hash[table[(start - 1) // bs], (start - 1) % bs]) != state.hash:
+                self._check_prefix(table, start, state.hash)  # raises, naming what is wrong
+            token = ids[0]
+            h = (state.hash * _BASE + token + 1) % _MOD  # `_roll`
+            b, o = table[start // bs], start % bs
+            if start < row.kv_cached_len:
+                if int(kv_hash[b, o]) != h:
+                    raise AssertionError(f"cached KV at position {start} holds another prefix")
+            else:
+                kv[b, o], kv_hash[b, o] = token, h
+            state.position, state.hash, state.nbytes = start + 1, h, nbytes
+            self.tokens_run += 1
+            out = one_hots.get(h % vocab)
+            logits.append(out if out is not None else self._one_hot(h % vocab))
+            captured.append([])
         return BatchOutput(logits, captured)
 
     def _one_hot(self, token: int) -> torch.Tensor:
@@ -159,15 +194,17 @@ class PlaceholderRunner:
                 raise AssertionError(f"KV prefix and SSM state disagree at position {start}")
             return
         b, o = table[(start - 1) // bs], (start - 1) % bs
+        if int(self.kv_hash[b, o]) == h:  # a state hash is >= 0: the position was written (one read, not two)
+            return
         if self.kv[b, o] < 0:
             raise AssertionError(f"KV position {start - 1} was never written")
-        if int(self.kv_hash[b, o]) != h:
-            raise AssertionError(f"KV prefix and SSM state disagree at position {start}")
+        raise AssertionError(f"KV prefix and SSM state disagree at position {start}")
 
     def _run_row(self, row: SequenceChunk) -> tuple[int, list[PlaceholderState]]:
         bs, start, table, nbytes = self.block_size, row.start_pos, row.block_table, self.snapshot_nbytes
         ids = row.token_ids
-        n = ids.numel()
+        listed = type(ids) is list
+        n = len(ids)
         state = PlaceholderState(0, 0, nbytes) if start == 0 else self.slots[row.state_slot]
         if state.position != start:
             raise AssertionError(f"slot {row.state_slot} holds position {state.position}, row starts at {start}")
@@ -176,7 +213,7 @@ class PlaceholderRunner:
         if start:
             self._check_prefix(table, start, state.hash)
         if n == 1:  # a decode row: scalars only (`int` of the tensor: a quarter of `.numpy()` and an index)
-            token = int(ids)
+            token = ids[0] if listed else int(ids)
             h = _roll(state.hash, token)
             b, o = table[start // bs], start % bs
             if start < row.kv_cached_len:
@@ -184,10 +221,14 @@ class PlaceholderRunner:
                     raise AssertionError(f"cached KV at position {start} holds another prefix")
             else:
                 self.kv[b, o], self.kv_hash[b, o] = token, h
-            self.slots[row.state_slot] = PlaceholderState(start + 1, h, nbytes)
+            if start:  # the slot's own object (read_state and write_state copy): updated in place
+                state.position, state.hash, state.nbytes = start + 1, h, nbytes
+            else:
+                self.slots[row.state_slot] = PlaceholderState(1, h, nbytes)
             self.tokens_run += 1
             return h, []
-        tokens = ids.numpy()  # a view; tensor indexing costs 6 us a call, numpy's 0.1
+        # a view; tensor indexing costs 6 us a call, numpy's 0.1 (a list: packed once, as `to_chunks` does)
+        tokens = np.frombuffer(array("q", ids), np.int64) if listed else ids.numpy()
         hashes = prefix_hashes(state.hash, tokens)
         pos = np.arange(start, start + n)
         blocks = np.asarray(table[start // bs:(start + n - 1) // bs + 1], np.int64)[pos // bs - start // bs]
