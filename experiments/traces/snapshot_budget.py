@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from experiments.common.flags import name_list
+from experiments.common.study import Context, Study, run_study
 from experiments.traces.oracle import optimum_matches
 from experiments.traces.sweep import load_requests
 from experiments.workloads import READINGS, WORKLOADS, default_reading
@@ -137,22 +138,6 @@ def replot(out: Path) -> Path:
         raise InputError(f"{path}: not a snapshot-budget curve ({type(err).__name__}: {err})") from None
 
 
-def parser():
-    from experiments.common.flags import add_limit_flag, add_replot_flag, int_in_range, new_parser
-    from experiments.common.outputs import add_out_flags
-
-    ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.traces.snapshot_budget")
-    ap.add_argument("--trace", choices=list(WORKLOADS), default=None, help="the workload (required unless --replot)")
-    ap.add_argument("--reading", type=name_list(READINGS), default=None,
-                    help=f"comma-separated, of {', '.join(READINGS)} (absent: the trace's)")
-    add_limit_flag(ap, None)
-    ap.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size (snapshot grid)")
-    add_out_flags(ap, "traces/snapshot-budget")
-    add_replot_flag(ap)
-    ap.add_argument("--no-plots", action="store_true", help="write the data only")
-    return ap
-
-
 def _requests(trace: str, reading: str, limit: int | None):
     from experiments.common.inputs import InputError
 
@@ -165,44 +150,56 @@ def _requests(trace: str, reading: str, limit: int | None):
     return requests
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from experiments.common.inputs import fail_on_input_error
+class SnapshotBudget(Study):
+    record = "traces/snapshot-budget"
+    prog = "python -m experiments.traces.snapshot_budget"
+    description = __doc__.split("\n")[0]
 
-    return fail_on_input_error(parser)(_main)(argv)
+    def add_flags(self, ap) -> None:
+        from experiments.common.flags import add_limit_flag, int_in_range
+
+        ap.add_argument("--trace", choices=list(WORKLOADS), default=None, help="the workload (required unless --replot)")
+        ap.add_argument("--reading", type=name_list(READINGS), default=None,
+                        help=f"comma-separated, of {', '.join(READINGS)} (absent: the trace's)")
+        add_limit_flag(ap, None)
+        ap.add_argument("--block-size", type=int_in_range(1), default=16, help="KV block size (snapshot grid)")
+        ap.add_argument("--no-plots", action="store_true", help="write the data only")
+
+    def check(self, ctx: Context) -> None:
+        """The flags, then every reading's requests (a bad or empty trace names it) before the folder."""
+        args = ctx.args
+        if args.publish:
+            ctx.error("argument --publish: the record folder depends on the trace; name it: "
+                      "--out results/traces/snapshot-budget-<trace>")
+        if ctx.reading:
+            return
+        if args.trace is None:
+            ctx.error("the following arguments are required: --trace")
+        readings = args.reading or [default_reading(args.trace)]
+        ctx.inputs["requests"] = {reading: _requests(args.trace, reading, args.limit) for reading in readings}
+
+    def run(self, ctx: Context) -> list[Path]:
+        from experiments.common.results_io import environment, log, write_csv, write_json
+
+        args, requests = ctx.args, ctx.inputs["requests"]
+        rows = []
+        for reading in requests:
+            log(f"{args.trace} ({reading}): {len(requests[reading])} requests")
+            rows += [{"trace": args.trace, "reading": reading, "requests": len(requests[reading]), **r}
+                     for r in curve(requests[reading], args.block_size)]
+        config = {"trace": args.trace, "readings": list(requests), "limit": args.limit,
+                  "block_size": args.block_size, "ms": list(MS), "grids": list(GRIDS)}
+        return [write_csv(ctx.out / "curve.csv", rows),
+                write_json(ctx.out / "curve.json", {"config": config, **environment(), "rows": rows})]
+
+    def figures(self, ctx: Context) -> list[Path]:
+        return [] if ctx.args.no_plots and not ctx.replotting else [replot(ctx.out)]
 
 
-def _main(argv: Sequence[str] | None = None) -> None:
-    from experiments.common.outputs import precheck_out, report_written, resolve_out
-    from experiments.common.results_io import environment, log, write_csv, write_json
-
-    ap = parser()
-    args = ap.parse_args(argv)
-    if args.publish:
-        ap.error("argument --publish: the record folder depends on the trace; name it: "
-                 "--out results/traces/snapshot-budget-<trace>")
-    if args.replot:
-        resolve_out(ap, args, reading="--replot")
-        report_written([replot(args.out)])
-        return
-    if args.trace is None:
-        ap.error("the following arguments are required: --trace")
-    precheck_out(ap, args.out)
-    readings = args.reading or [default_reading(args.trace)]
-    requests = {reading: _requests(args.trace, reading, args.limit) for reading in readings}
-    resolve_out(ap, args)
-    rows = []
-    for reading in readings:
-        log(f"{args.trace} ({reading}): {len(requests[reading])} requests")
-        rows += [{"trace": args.trace, "reading": reading, "requests": len(requests[reading]), **r}
-                 for r in curve(requests[reading], args.block_size)]
-    config = {"trace": args.trace, "readings": readings, "limit": args.limit, "block_size": args.block_size,
-              "ms": list(MS), "grids": list(GRIDS)}
-    written = [write_csv(args.out / "curve.csv", rows),
-               write_json(args.out / "curve.json", {"config": config, **environment(), "rows": rows})]
-    if not args.no_plots:
-        written.append(replot(args.out))
-    report_written(written)
+STUDY = SnapshotBudget()
+parser = STUDY.parser
+main = STUDY.main
 
 
 if __name__ == "__main__":
-    main()
+    run_study(STUDY)
