@@ -1,5 +1,7 @@
-"""Judge a placement out of sample: policy x eviction pairs on the train windows, the held-out test
-windows and (optionally) the whole trace, with the spread across windows (simulated).
+"""Judge placements out of sample: pairs on train and held-out windows, with the spread (simulated).
+
+Policy x eviction pairs on the train windows, the held-out test windows and (optionally) the whole
+trace, with the spread across windows.
 
     python -m experiments.traces.heldout --trace mooncake-conversation --reading chains --budget-gb 4 \\
         --out results/traces/heldout
@@ -47,7 +49,8 @@ PEERS = (("marconi", "flop_aware"), ("marconi", "learned_value"), ("marconi", "l
          ("marconi", "shadow_best"), ("trtllm", "seglen"), ("trtllm", "shadow_best"),
          ("vllm-junction", "learned_value"), ("vllm-junction", "seglen"), ("vllm-junction", "shadow_best"))
 KEEP = ("ssm_hit_tokens", "kv_hit_tokens", "replayed_tokens", "ttft_s_p50", "ttft_s_p99", "snapshots_saved",
-        "snapshots_evicted", "eviction_leaders", "requests", "prompt_tokens", "wall_s")
+        "snapshots_evicted", "saved_by_origin", "restored_tokens_by_origin", "eviction_leaders", "requests",
+        "prompt_tokens", "wall_s")  # by origin: which captures paid back (issue 32 item 4's question)
 
 
 def pair_text(pair: tuple[str, str]) -> str:
@@ -374,7 +377,8 @@ class Heldout(Study):
                                                   "spread": spread(rows), "rows": rows,
                                                   "points_wall_s": sum(r.get("wall_s", 0.0) for r in rows),
                                                   "invocation_wall_s": time.time() - t0}),
-                write_csv(out / "heldout.csv", [{k: v for k, v in r.items() if k != "eviction_leaders"} for r in rows]),
+                write_csv(out / "heldout.csv", [{k: json.dumps(v) if isinstance(v, dict) else v for k, v in r.items()
+                                                 if k != "eviction_leaders"} for r in rows]),
                 path]
 
     def figures(self, ctx):
