@@ -239,7 +239,7 @@ def _metrics(records: list[RequestRecord], engine: Engine, clock: SimClock, held
         "restore_transfer_s": stats.restore_transfer_s,  # their transfer time, before any overlap
         "eviction": engine.effective_settings["eviction"],
         # shadow_best: lookups at which each candidate rule decided for the store (None: one rule)
-        "eviction_leaders": _leaders(engine.snapshots.eviction),
+        "eviction_leaders": engine.snapshots.eviction.leaders(),
         "saved_by_origin": dict(sorted(stats.saved_by_origin.items())),
         "restored_tokens_by_origin": dict(sorted(stats.restored_tokens_by_origin.items())),
         "preemptions": sum(r.preemptions for r in records),
@@ -253,8 +253,3 @@ def _metrics(records: list[RequestRecord], engine: Engine, clock: SimClock, held
         "state_block": engine.effective_settings["state_block"],
         "effective_settings": engine.effective_settings,
     }
-
-
-def _leaders(eviction) -> dict[str, int] | None:
-    led = getattr(eviction, "lookups_led", None)
-    return None if led is None else dict(zip(eviction.names, led))

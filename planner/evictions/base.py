@@ -36,6 +36,7 @@ class EvictionPolicy:
       as a save of the held snapshot's kind); `looked_up(token_ids, max_position, block_hashes)`
       for every lookup a request acted on.
     * `bind(store)`: called once by the store that holds the rule (its block size, budgets, tiers).
+    * `leaders()`: a run's record of which candidate rule decided (shadow_best's); None by default.
     * `needs_prefix = True`: the store keeps each snapshot's prompt block hashes and tokens
       (`Snapshot.prefix_hashes`, `prefix_tokens`) for the rule to read.
 
@@ -75,6 +76,11 @@ class EvictionPolicy:
 
     def looked_up(self, token_ids, max_position: int, block_hashes) -> None:
         pass
+
+    def leaders(self) -> dict[str, int] | None:
+        """For a rule that follows one of several candidates: the lookups each led at, by name (a
+        run's record); None for a single rule."""
+        return None
 
 
 class WrappedEviction(EvictionPolicy):

@@ -124,6 +124,10 @@ class ShadowBestEviction(EvictionPolicy):
         for policy in self._real:
             policy.bind(store)
 
+    def leaders(self) -> dict[str, int]:
+        """The lookups each candidate led at, by name."""
+        return dict(zip(self.names, self.lookups_led))
+
     @property
     def leader_name(self) -> str:
         return self.names[self.leader]

@@ -39,7 +39,11 @@ POLICIES: Mapping[str, PlacementPolicy] = types.MappingProxyType(_by_name(_REGIS
 
 
 def get_policy(policy: PlacementPolicy | str) -> PlacementPolicy:
-    """The policy named `policy` (a `PlacementPolicy` is returned as is): the one place a name is resolved."""
+    """The policy named `policy` (a `PlacementPolicy` is returned as is): the one place a name is resolved.
+
+    Called once at an edge (a CLI flag, a sweep point, a public constructor: `resolve_settings`,
+    `SchedulerConfig`, `SimConfig`); every layer below is handed the object, so a policy in no
+    registry runs too (tests/test_policy_resolved_once.py)."""
     if isinstance(policy, PlacementPolicy):
         return policy
     require(policy in POLICIES, "policy", f"must be one of {sorted(POLICIES)}, got {policy!r}")
