@@ -36,15 +36,14 @@ import json
 import multiprocessing
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
-from experiments.common.flags import float_list, int_in_range, name_list, new_parser
-from experiments.common.inputs import InputError, fail_on_input_error, read_text, require_extra
-from experiments.common.outputs import add_out_flags, report_written, resolve_out
+from experiments.common.flags import float_list, int_in_range, name_list
+from experiments.common.inputs import read_text, require_extra
 from experiments.common.progress import Progress
 from experiments.common.results_io import environment, log, write_csv, write_json, write_text
+from experiments.common.study import Context, Ran, Study, run_study
 from experiments.traces.sweep import budget_text, measure_point, ray_as_completed, ray_session
 from experiments.workloads import READINGS, WORKLOADS
 from planner.evictions.registry import EVICTION_POLICIES
@@ -272,8 +271,7 @@ def plot(rows: list[dict], args, base: dict, path: Path) -> Path:
     return fs.save(fig, path)
 
 
-def parser():
-    ap = new_parser(__doc__.split("\n")[0], prog="python -m experiments.traces.factorial")
+def add_flags(ap) -> None:
     ap.add_argument("--trace", choices=list(WORKLOADS), default="mooncake-conversation", help="the workload")
     ap.add_argument("--reading", choices=READINGS, default="chains", help="how its requests continue each other")
     ap.add_argument("--limit", type=int_in_range(1), default=1000, help="N requests (from --start)")
@@ -295,8 +293,6 @@ def parser():
     ap.add_argument("--ray", action="store_true", help="run the points as Ray tasks (optional extra 'sweeps')")
     ap.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                     help="a running Ray cluster's address (implies --ray; default: a local Ray)")
-    add_out_flags(ap, RECORD)
-    return ap
 
 
 def check_same_run(ap, path: Path, base: dict) -> None:
@@ -314,43 +310,63 @@ def check_same_run(ap, path: Path, base: dict) -> None:
         ap.error(f"argument --resume: {path.parent} holds another study: " + "; ".join(differ))
 
 
-@fail_on_input_error(parser)
-def main(argv=None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    args.ray = args.ray or args.ray_address is not None
-    if args.ray:  # before anything is read or written
-        require_extra("ray", "sweeps", "--ray")
-    if args.resume and args.out is None:
-        ap.error("argument --resume: needs --out FOLDER (the killed run's folder)")
-    if args.resume and (args.out / "points.jsonl").exists():
-        read_text(args.out / "points.jsonl", "a factorial's points.jsonl")
-    out = resolve_out(ap, args)
-    base = {"trace": args.trace, "reading": args.reading, "limit": args.limit, "start": args.start,
+def base_of(args) -> dict:
+    """The study's identity (trace, window, model, engine settings): a --resume must match it."""
+    return {"trace": args.trace, "reading": args.reading, "limit": args.limit, "start": args.start,
             "shape": args.model,
             "prefill_budget": 8192, "max_batch_size": 64, "kv_pool_gb": 60.0, "time_scale": 1.0, "trace_file": None}
-    if args.resume:
-        check_same_run(ap, args.out / "factorial.json", base)
-    t0 = time.time()
-    rows = run(args, base, out)
-    rows.sort(key=lambda r: (r["host_gb"], r["budget_gb"] if r["budget_gb"] is not None else float("inf"),
-                             r["policy"], r["eviction"]))
-    config = base | {"policies": args.policy, "evictions": args.eviction, "budget_gb": args.budget_gb,
-                     "host_gb": args.host_gb}
-    written = [write_json(out / "factorial.json", {"simulated": True, "config": config, **environment(),
-                                                   "verdicts": verdicts(rows, args), "rows": rows,
-                                                   "points_wall_s": sum(r.get("wall_s", 0.0) for r in rows),
-                                                   "invocation_wall_s": time.time() - t0}),
-               write_csv(out / "factorial.csv", [{k: json.dumps(v) if isinstance(v, dict) else v
-                                                   for k, v in r.items()} for r in rows]),
-               write_text(out / "factorial.md", report(rows, args, base)),
-               plot(rows, args, base, out / "factorial.png"), out / "points.jsonl"]
-    for v in verdicts(rows, args):
-        log(f"device {v['budget_gb']:g} GB host {v['host_gb']:g} GB: ours-plus {v['ours_plus']:,} vs best other "
-            f"{v['best_other']} {v['best_other_tokens']:,} ({v['ratio']:.3f}x)")
-    report_written(written)
-    return 0
+
+
+class Factorial(Study):
+    record = RECORD
+    prog = "python -m experiments.traces.factorial"
+    description = __doc__.split("\n")[0]
+    replot = False  # the figure is drawn from the rows in memory; factorial.json holds them
+
+    def add_flags(self, ap) -> None:
+        add_flags(ap)
+
+    def check(self, ctx: Context) -> None:
+        """Ray's extra, and a --resume's folder: its points readable, its report the same study's."""
+        args = ctx.args
+        args.ray = args.ray or args.ray_address is not None
+        if args.ray:  # before anything is read or written
+            require_extra("ray", "sweeps", "--ray")
+        if args.resume and args.out is None:
+            ctx.error("argument --resume: needs --out FOLDER (the killed run's folder)")
+        if args.resume and (args.out / "points.jsonl").exists():
+            read_text(args.out / "points.jsonl", "a factorial's points.jsonl")
+        if args.resume:
+            check_same_run(ctx.ap, args.out / "factorial.json", base_of(args))
+
+    def run(self, ctx: Context) -> Ran:
+        args, out, base = ctx.args, ctx.out, base_of(ctx.args)
+        t0 = time.time()
+        rows = run(args, base, out)
+        rows.sort(key=lambda r: (r["host_gb"], r["budget_gb"] if r["budget_gb"] is not None else float("inf"),
+                                 r["policy"], r["eviction"]))
+        config = base | {"policies": args.policy, "evictions": args.eviction, "budget_gb": args.budget_gb,
+                         "host_gb": args.host_gb}
+        written = [write_json(out / "factorial.json", {"simulated": True, "config": config, **environment(),
+                                                       "verdicts": verdicts(rows, args), "rows": rows,
+                                                       "points_wall_s": sum(r.get("wall_s", 0.0) for r in rows),
+                                                       "invocation_wall_s": time.time() - t0}),
+                   write_csv(out / "factorial.csv", [{k: json.dumps(v) if isinstance(v, dict) else v
+                                                       for k, v in r.items()} for r in rows]),
+                   write_text(out / "factorial.md", report(rows, args, base)), out / "points.jsonl"]
+        for v in verdicts(rows, args):
+            log(f"device {v['budget_gb']:g} GB host {v['host_gb']:g} GB: ours-plus {v['ours_plus']:,} vs best other "
+                f"{v['best_other']} {v['best_other_tokens']:,} ({v['ratio']:.3f}x)")
+        return Ran(written, result=rows)
+
+    def figures(self, ctx: Context) -> list[Path]:
+        return [plot(ctx.result, ctx.args, base_of(ctx.args), ctx.out / "factorial.png")]
+
+
+STUDY = Factorial()
+parser = STUDY.parser
+main = STUDY.main
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)
