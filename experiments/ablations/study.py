@@ -53,22 +53,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 from experiments.ablations import plots as ablation_plots
 from experiments.common import sweep_parts
-from experiments.common.flags import (HelpFormatter, add_model_flags, add_policy_flag, add_replot_flag, int_in_range,
-                               int_list, name_list, new_parser, require_block_of_budget, shard_spec)
-from experiments.common.inputs import InputError, fail_on_input_error, read_csv, read_json
-from experiments.common.outputs import (add_out_flags, beside_record, record_folder, resolve_out, report_written,
-                                        writes_record)
+from experiments.common.flags import (add_model_flags, add_policy_flag, int_in_range, int_list, name_list,
+                                      require_block_of_budget, shard_spec)
+from experiments.common.inputs import InputError, read_csv, read_json
+from experiments.common.outputs import record_folder
 from experiments.common.progress import Progress
 from experiments.common.results_io import log
-from experiments.common.runs import (FP32_LOGIT_TOL, build_model_or_exit, cold_record, dense_serve, max_abs_diff,
+from experiments.common.runs import (FP32_LOGIT_TOL, build_model, cold_record, dense_serve, max_abs_diff,
                               random_prompt, serve, set_threads, warm_record, warm_up)
+from experiments.common.study import Context, Ran, Study, run_study
 from experiments.common.sweep_parts import PointFailed
 from model.engine import CAPTURE_MODES, Engine
 from model.hybrid import HybridLM
@@ -319,17 +318,13 @@ def replot(sweep: Sweep, out: Path) -> list[Path]:
 BESIDE_KEY = ("label", "request", "prompt_len", "block_size", "budget", "interval_blocks", "capture_mode")
 
 
-def show_beside_record(sweep: Sweep, out: Path) -> None:
+def beside_rows(sweep: Sweep, out: Path) -> list[tuple]:
     """The last point's warm replayed tokens and TTFT beside the committed results/ablations/<sweep>/."""
     path = record_folder(f"ablations/{sweep.name}") / f"{sweep.name}.csv"
-    if writes_record(out) or not path.is_file() or not (out / f"{sweep.name}.csv").is_file():
-        return
-    try:
-        committed = {tuple(r.get(k) for k in BESIDE_KEY): r
-                     for r in read_csv(path, BESIDE_KEY + ("warm_replayed_tokens", "warm_ttft_s"))}
-    except InputError as e:
-        log(f"no comparison with the committed record: {e}")
-        return
+    if not path.is_file() or not (out / f"{sweep.name}.csv").is_file():
+        return []
+    committed = {tuple(r.get(k) for k in BESIDE_KEY): r
+                 for r in read_csv(path, BESIDE_KEY + ("warm_replayed_tokens", "warm_ttft_s"))}
     rows = [r for r in sweep_parts.load_rows(out / f"{sweep.name}.csv") if r.get("request") == "identical"]
     last = [r for r in rows if r["point"] == max(r["point"] for r in rows)] if rows else []
     lines = []
@@ -339,15 +334,13 @@ def show_beside_record(sweep: Sweep, out: Path) -> None:
         lines += [(f"{at} replayed", r["warm_replayed_tokens"], theirs.get("warm_replayed_tokens")),
                   (f"{at} warm TTFT (s)", r["warm_ttft_s"],
                    float(theirs["warm_ttft_s"]) if theirs.get("warm_ttft_s") else None)]
-    beside_record(lines, f"ablations/{sweep.name}")
+    return lines
 
 
-def run_sweep(cmd: str, args, model: HybridLM | None, out: Path) -> tuple[int, list[Path]]:
-    """One sweep into `out`: measure (unless --merge/--replot), merge, plot. Returns the status and the
-    files written."""
+def measure_sweep(cmd: str, args, model: HybridLM | None, out: Path) -> tuple[int, list[Path], dict | None]:
+    """One sweep into `out`: measure this shard (unless --merge), then merge. Returns the status, the
+    files written and the merge's meta (None for one shard of several: merged later)."""
     sweep = SWEEPS[cmd]
-    if args.replot:
-        return 0, replot(sweep, out)
     config = {k: getattr(args, k) for k in sweep.config_keys} | {
         "preset": args.model, "dtype": args.dtype, "device": args.device, "backend": args.backend,
         "repeats": args.repeats, "seed": args.seed, "policy": args.policy}
@@ -358,30 +351,20 @@ def run_sweep(cmd: str, args, model: HybridLM | None, out: Path) -> tuple[int, l
         written.append(sweep_parts.part_path(out, sweep.name, args.shard))
         if args.shard[1] > 1:
             log(f"merge when every shard is done: python -m experiments.ablations {cmd} --merge --out {out}")
-            return (1 if failed else 0), written
+            return (1 if failed else 0), written, None
     meta = sweep_parts.merge(out, sweep.name)
     written += [out / f"{sweep.name}.csv", out / f"{sweep.name}.json"]
-    if meta["rows"]:
-        written.append(ablation_plots.plot(sweep.name, out))
-        show_beside_record(sweep, out)
-    else:  # nothing passed: no figure, and no stale one from an earlier run either
-        (out / f"{sweep.name}.png").unlink(missing_ok=True)
-        log(f"{sweep.name}: no point passed its correctness check; no figure")
-    return (1 if meta["failed_points"] else 0), written
+    return (1 if meta["failed_points"] else 0), written, meta
 
 
 # ------------------------------------------------------------------------------------------ command line
-def add_common(ap: argparse.ArgumentParser, record: str) -> None:
-    add_out_flags(ap, record)
+def add_common(ap: argparse.ArgumentParser) -> None:
     add_model_flags(ap, dtypes=("float32",), dtype_help="model dtype (fp32 only: the warm == cold check is stated "
                                                         "for fp32)")
     add_policy_flag(ap, "under study; the prompt-len, block-size and budget sweeps compare it with legacy")
     ap.add_argument("--repeats", type=int_in_range(1), default=3, help="warm requests per point (median TTFT)")
     ap.add_argument("--shard", type=shard_spec, default=(0, 1),
                     help="run the points whose index %% n == i (i/n); parts merge with --merge (default: 0/1)")
-    reading = ap.add_mutually_exclusive_group()
-    reading.add_argument("--merge", action="store_true", help="do not measure: merge the part files in --out and plot")
-    add_replot_flag(reading)
 
 
 # per sweep key: its flag (the swept knob's flag takes a comma list), its help, its check
@@ -423,52 +406,83 @@ def check_points(ap: argparse.ArgumentParser, cmd: str, args) -> None:
         require_block_of_budget(ap, p["budget"], p["block_size"], slots=1, budget_flag="--prefill-budget")
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = new_parser("Chunk-plan ablations on the hybrid model (see the module docstring).",
-                    prog="python -m experiments.ablations")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for cmd, sweep in SWEEPS.items():
-        p = sub.add_parser(cmd, help=f"the {cmd} sweep", formatter_class=HelpFormatter)
-        add_common(p, f"ablations/{sweep.name}")
-        add_sweep_flags(p, cmd)
-    add_common(sub.add_parser("all", help="every sweep with its default sizes (each into <out>/<sweep>/)",
-                              formatter_class=HelpFormatter), "ablations")
-    return ap
+class Ablations(Study):
+    """One subcommand per sweep (its own record folder, results/ablations/<sweep>/), and `all`."""
+    record = "ablations"
+    prog = "python -m experiments.ablations"
+    description = "Chunk-plan ablations on the hybrid model (see the module docstring)."
+    subcommands = True
+    merge = True
+    merge_help = "do not measure: merge the part files in --out and plot"
+
+    def add_flags(self, ap: argparse.ArgumentParser) -> None:
+        sub = ap.add_subparsers(dest="cmd", required=True)
+        for cmd, sweep in SWEEPS.items():
+            p = self.subparser(sub, cmd, f"the {cmd} sweep", f"ablations/{sweep.name}")
+            add_common(p)
+            add_sweep_flags(p, cmd)
+        add_common(self.subparser(sub, "all", "every sweep with its default sizes (each into <out>/<sweep>/)",
+                                  "ablations"))
+
+    def cmds(self, args) -> list[str]:
+        return list(SWEEPS) if args.cmd == "all" else [args.cmd]
+
+    def sweep_args(self, args, cmd: str) -> argparse.Namespace:
+        return argparse.Namespace(**(DEFAULTS[cmd] | vars(args))) if args.cmd == "all" else args
+
+    def check(self, ctx: Context) -> None:
+        for cmd in self.cmds(ctx.args):
+            check_points(ctx.ap, cmd, self.sweep_args(ctx.args, cmd))
+
+    def outs(self, ctx: Context) -> dict[str, Path]:
+        """Each sweep's folder: the run folder, or its <sweep>/ below it for `all` (which must exist to be read)."""
+        outs = {cmd: ctx.out / SWEEPS[cmd].name if ctx.args.cmd == "all" else ctx.out for cmd in self.cmds(ctx.args)}
+        for folder in outs.values() if ctx.reading else ():
+            if not folder.is_dir():
+                ctx.error(f"argument {ctx.reading}: {folder} is not a folder")
+        return outs
+
+    def run(self, ctx: Context) -> Ran:
+        args, outs = ctx.args, self.outs(ctx)
+        model = None
+        set_threads(args.threads)
+        if not args.merge:
+            model = build_model(args.model, device=args.device, seed=args.seed, dtype=args.dtype,
+                                backend=args.backend)
+            warm_up(model)
+        status, written, merged = 0, [], {}
+        for cmd in outs:
+            t0 = time.perf_counter()
+            code, files, meta = measure_sweep(cmd, self.sweep_args(args, cmd), model, outs[cmd])
+            status |= code
+            written += files
+            if meta is not None:
+                merged[cmd] = meta
+            log(f"{cmd}: {time.perf_counter() - t0:.0f} s")
+        return Ran(written, status, finished=bool(merged), result=merged)
+
+    def figures(self, ctx: Context) -> list[Path]:
+        """Each merged sweep's figure (a sweep none of whose points passed: none, and no stale one either)."""
+        outs, drawn = self.outs(ctx), []
+        for cmd in outs if ctx.replotting else ctx.result:
+            sweep = SWEEPS[cmd]
+            if ctx.replotting or ctx.result[cmd]["rows"]:
+                drawn += replot(sweep, outs[cmd])
+            else:
+                (outs[cmd] / f"{sweep.name}.png").unlink(missing_ok=True)
+                log(f"{sweep.name}: no point passed its correctness check; no figure")
+        return drawn
+
+    def headline(self, ctx: Context) -> dict:
+        outs = self.outs(ctx)
+        return {f"ablations/{SWEEPS[cmd].name}": beside_rows(SWEEPS[cmd], outs[cmd])
+                for cmd, meta in ctx.result.items() if meta["rows"]}
 
 
-@fail_on_input_error(parser)
-def main(argv=None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    cmds = list(SWEEPS) if args.cmd == "all" else [args.cmd]
-    sweep_args = {cmd: argparse.Namespace(**(DEFAULTS[cmd] | vars(args))) if args.cmd == "all" else args
-                  for cmd in cmds}
-    for cmd in cmds:
-        check_points(ap, cmd, sweep_args[cmd])
-    root = resolve_out(ap, args, reading="--merge" if args.merge else "--replot" if args.replot else None)
-    outs = {cmd: root / SWEEPS[cmd].name if args.cmd == "all" else root for cmd in cmds}
-    if args.merge or args.replot:
-        for cmd in cmds:
-            if not outs[cmd].is_dir():
-                ap.error(f"argument {'--merge' if args.merge else '--replot'}: {outs[cmd]} is not a folder")
-    else:
-        log(f"writing to {root}")
-    model = None
-    set_threads(args.threads)
-    if not (args.merge or args.replot):
-        model = build_model_or_exit(ap, root, args.model, device=args.device, seed=args.seed, dtype=args.dtype,
-                                    backend=args.backend)
-        warm_up(model)
-    status, written = 0, []
-    for cmd in cmds:
-        t0 = time.perf_counter()
-        code, files = run_sweep(cmd, sweep_args[cmd], model, outs[cmd])
-        status |= code
-        written += files
-        log(f"{cmd}: {time.perf_counter() - t0:.0f} s")
-    report_written(written)
-    return status
+STUDY = Ablations()
+parser = STUDY.parser
+main = STUDY.main
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)
