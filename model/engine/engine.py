@@ -93,7 +93,7 @@ class EngineConfig:
     # eviction victims move down instead of leaving; a restore from one costs its transfer.
     snapshot_lower_tiers: tuple = ()
     # The dtype snapshots are stored in (`model.engine.snapshot_codec`): "float32" keeps the states'
-    # own (fp32 SSM states; a warm restore bit-identical to a cold run); "bfloat16" or
+    # own (fp32 SSM states, restored bit for bit); "bfloat16" or
     # "float8_e4m3fn" (a per-tensor scale) hold ~2x / ~4x more under a budget, restored with their
     # rounding error. Only when asked: no policy sets it.
     snapshot_dtype: str = DEFAULT_SNAPSHOT_DTYPE

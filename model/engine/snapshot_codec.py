@@ -3,8 +3,9 @@ per-tensor scale, so a snapshot budget holds ~2x / ~4x more of them (the engine'
 
 The engine encodes a state when it saves it and decodes it when it restores it
 (`EngineConfig.snapshot_dtype`; default "float32", under which `encode` returns the state itself:
-nothing is converted, a warm restore stays bit-identical to a cold run). Per tensor of an `SSMState`
-(each state layer's conv state and recurrent state: Mamba-2 SSD (H, P, N), Gated DeltaNet (HV, K, V)):
+nothing is converted, a restore writes the saved state bit for bit, as before the option existed).
+Per tensor of an `SSMState` (each state layer's conv state and recurrent state: Mamba-2 SSD
+(H, P, N), Gated DeltaNet (HV, K, V)):
 * a tensor no wider than the snapshot dtype is kept as it is (bf16 snapshots of a bf16 model's conv
   state: unchanged; "float32" keeps everything);
 * bfloat16: round to nearest even, |x - x'| <= 2^-8 |x| (8 significand bits; bf16 has fp32's
