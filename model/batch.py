@@ -9,6 +9,7 @@ gathering them; attention sees all rows in one varlen paged call.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -53,6 +54,11 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _all_ints(values: list) -> bool:
+    """Every value an int and none a bool (`_is_int` of each), by the set of their types."""
+    return all(issubclass(t, int) and t is not bool for t in set(map(type, values)))
+
+
 def validate_rows(rows: list[SequenceChunk], cache: ModelCache, vocab_size: int) -> None:
     """ValueError naming the field of the first bad row; nothing is computed for an invalid batch."""
     require(isinstance(rows, (list, tuple)) and len(rows) > 0, "rows", "expected a non-empty list of SequenceChunk")
@@ -77,7 +83,8 @@ def validate_rows(rows: list[SequenceChunk], cache: ModelCache, vocab_size: int)
         require(len(table) >= need, "block_table",
                 f"row {r}: {len(table)} blocks cannot hold start_pos + n = {row.start_pos + n} tokens "
                 f"(block_size {cache.block_size} needs {need})")
-        ok = all(_is_int(b) and 0 <= b < cache.num_blocks for b in table[:need])
+        used = table[:need]  # one pass over the types, then min/max in C: 1,025 blocks at 16K context
+        ok = _all_ints(used) and (not used or (min(used) >= 0 and max(used) < cache.num_blocks))
         require(ok, "block_table", f"row {r}: block ids must be ints in 0 .. {cache.num_blocks - 1}, got "
                 f"{table[:need] if not ok else '...'}")  # a long table is formatted only when it is wrong
         offs = tuple(row.capture_offsets)
@@ -135,16 +142,17 @@ class PackedBatch:
 
 def _host_positions_and_slots(ordered: list[SequenceChunk], block_size: int, max_blocks: int):
     """Per row, its positions and KV slots (-1 where its KV is already cached) as host int32 tensors,
-    and the block tables flattened to `max_blocks` columns (unused columns 0: never read)."""
-    positions, slot_mapping, tables = [], [], []
-    for r in ordered:
+    and the block tables as one (rows, `max_blocks`) host int32 tensor (unused columns 0: never read)."""
+    positions, slot_mapping = [], []
+    tables = torch.zeros((len(ordered), max_blocks), dtype=torch.int32)
+    for i, r in enumerate(ordered):
         pos = torch.arange(r.start_pos, r.end_pos, dtype=torch.int32)
-        table = list(r.block_table)[:max_blocks]
-        host_table = torch.as_tensor(table, dtype=torch.int32)  # host, no upload
+        # array -> frombuffer: a fifth of torch.as_tensor(list)'s time for a 1,025-block table (16K context)
+        host_table = torch.frombuffer(array("i", r.block_table[:max_blocks]), dtype=torch.int32)  # host, no upload
         slots = host_table[pos // block_size] * block_size + pos % block_size
         slot_mapping.append(torch.where(pos < r.kv_cached_len, -1, slots))
         positions.append(pos)
-        tables.extend(table + [0] * (max_blocks - len(table)))
+        tables[i, : host_table.numel()] = host_table
     return positions, slot_mapping, tables
 
 
@@ -195,7 +203,7 @@ def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device,
     t = IntTables()
     prefill_cu, prefill_slots = t.add(cu[:num_prefill + 1]), t.add([r.state_slot for r in prefill])
     decode_slots = t.add([r.state_slot for r in ordered[num_prefill:]])
-    block_tables = t.add(tables, (len(ordered), max_blocks))
+    block_tables = t.add_host_tensor(tables)
     seq_lens, cu_q, logit_idx = t.add([r.end_pos for r in ordered]), t.add(cu), t.add(logit_index)
     ssd_plan, conv_plan, attn_plan = _kernel_plans(planners, lens, num_prefill, captures, ordered, max_blocks, t)
     token_ids = t.add_host_tensor(torch.cat([r.token_ids.reshape(-1) for r in ordered]))
