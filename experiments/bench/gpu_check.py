@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.common.results_io import REPO
+from experiments.common.study import Context, Ran, Study, run_study
 
 MAX_OUT_FILES = 8  # the device tool returns at most 8 files from $OUT
 DEADLINE_S = 530  # under the 9 minutes the issue allows one command (the tool's limit is 10)
@@ -303,20 +304,6 @@ def step_list(text: str) -> list[str]:
     return names
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bash scripts/gpu_check.sh", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=step_list, default=",".join(STEP_NAMES), help="steps to run, comma-separated")
-    p.add_argument("--deadline-s", type=float, default=DEADLINE_S,
-                   help="seconds for the whole command; no step starts that would not fit")
-    p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny shapes")
-    p.add_argument("--out", type=Path, default=None,
-                   help="where the tarballs and summary go (default $OUT, else a new runs/gpu_check/<timestamp>/)")
-    p.add_argument("--ceilings", type=Path, default=None,
-                   help="an earlier run's ceilings.json, for a rerun without the ceilings step")
-    return p
-
-
 def resolve_out(p: argparse.ArgumentParser, args) -> Path:
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else
                        REPO / "runs" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S"))
@@ -329,31 +316,54 @@ def resolve_out(p: argparse.ArgumentParser, args) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the chosen steps (see the module's docstring); 0 when every step that ran passed."""
-    started = time.monotonic()
-    p = parser()
-    args = p.parse_args(argv)
-    if args.deadline_s <= 0:
-        p.error(f"argument --deadline-s: must be > 0, got {args.deadline_s}")
-    if args.ceilings is not None and not args.ceilings.is_file():
-        p.error(f"argument --ceilings: {args.ceilings}: no such file")
-    out = resolve_out(p, args)
-    deadline = started + args.deadline_s
-    info = device_info(args.dry_run)
-    records: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="gpu_check.") as work:
-        run = Run(Path(work), out, args.dry_run, args.ceilings)
-        for step in STEPS:
-            if step.name in args.steps:
-                records.append(run_step(step, run, deadline))
-                write_summary(out, info, records, started)
-                print(f"[gpu_check] {records[-1]['step']}: {records[-1]['status']} "
-                      f"({records[-1].get('wall_s', 0)} s)", flush=True)
-    write_summary(out, info, records, started)
-    print((out / "summary.txt").read_text(), end="")
-    return 0 if all(r["status"] in ("ok",) for r in records) else 1
+class GpuCheck(Study):
+    """0 when every step that ran passed. Its folder is its own: --out, else $OUT, else a new
+    runs/gpu_check/<timestamp>/, refused when it holds an earlier run's files (`resolve_out` above)."""
+    prog = "bash scripts/gpu_check.sh"
+    description = __doc__.splitlines()[0]
+    folder = "optional"
+    replot = False
+
+    def add_flags(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--steps", type=step_list, default=",".join(STEP_NAMES), help="steps to run, comma-separated")
+        p.add_argument("--deadline-s", type=float, default=DEADLINE_S,
+                       help="seconds for the whole command; no step starts that would not fit")
+        p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny shapes")
+        p.add_argument("--out", type=Path, default=None,
+                       help="where the tarballs and summary go (default $OUT, else a new runs/gpu_check/<timestamp>/)")
+        p.add_argument("--ceilings", type=Path, default=None,
+                       help="an earlier run's ceilings.json, for a rerun without the ceilings step")
+
+    def check(self, ctx: Context) -> None:
+        args = ctx.args
+        if args.deadline_s <= 0:
+            ctx.error(f"argument --deadline-s: must be > 0, got {args.deadline_s}")
+        if args.ceilings is not None and not args.ceilings.is_file():
+            ctx.error(f"argument --ceilings: {args.ceilings}: no such file")
+
+    def run(self, ctx: Context) -> Ran:
+        started, args = time.monotonic(), ctx.args
+        out = resolve_out(ctx.ap, args)
+        deadline = started + args.deadline_s
+        info = device_info(args.dry_run)
+        records: list[dict] = []
+        with tempfile.TemporaryDirectory(prefix="gpu_check.") as work:
+            run = Run(Path(work), out, args.dry_run, args.ceilings)
+            for step in STEPS:
+                if step.name in args.steps:
+                    records.append(run_step(step, run, deadline))
+                    write_summary(out, info, records, started)
+                    print(f"[gpu_check] {records[-1]['step']}: {records[-1]['status']} "
+                          f"({records[-1].get('wall_s', 0)} s)", flush=True)
+        write_summary(out, info, records, started)
+        print((out / "summary.txt").read_text(), end="")  # the summary is its report (no wrote line)
+        return Ran([], status=0 if all(r["status"] in ("ok",) for r in records) else 1)
+
+
+STUDY = GpuCheck()
+parser = STUDY.parser
+main = STUDY.main
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)
