@@ -209,3 +209,32 @@ def test_the_flag_parses_and_refuses_other_names():
     assert ap.parse_args(["--snapshot-dtype", "float8_e4m3fn"]).snapshot_dtype == "float8_e4m3fn"
     with pytest.raises(SystemExit):
         ap.parse_args(["--snapshot-dtype", "fp8"])
+
+
+# ---------------------------------------------------------------------------------------------- the benchmark
+def test_the_benchmark_measures_against_an_fp32_restore():
+    from experiments.bench.snapshot_dtype import measure
+
+    rows = {r["snapshot_dtype"]: r for r in measure("tiny", 100, 0, 4, ("aligned",))}
+    exact = rows["float32"]
+    assert exact["state_rel_err"] == 0 and exact["logits_err_vs_fp32_restore"] == 0
+    assert exact["greedy_agree"] == exact["decoded"] == 4 and exact["first_divergence"] == 4
+    assert exact["logits_err_vs_cold"] <= 1e-4  # fp32 logits tolerance (BRIEF section 3): a restore is not a copy of cold
+    # relative to each tensor's amax the format bounds give 2^-8 (bf16) and 2^-4 (fp8), plus fp32 slack
+    assert 0 < rows["bfloat16"]["state_rel_err"] <= BF16_REL
+    assert 0 < rows["float8_e4m3fn"]["state_rel_err"] <= FP8_REL + FP32_SLACK
+    elements = exact["snapshot_bytes"] // 4
+    assert rows["bfloat16"]["bytes_vs_fp32"] == 0.5
+    assert rows["float8_e4m3fn"]["snapshot_bytes"] == elements + 4 * 4  # tiny: 2 Mamba layers, 4 scales
+
+
+def test_the_benchmark_writes_its_data_and_refuses_a_folder_without_it(tmp_path, capsys):
+    from experiments.bench.snapshot_dtype import main
+
+    out = tmp_path / "run"
+    assert main(["--model", "tiny", "--prompt-len", "40", "--seed", "0", "--decode", "2", "--policy", "aligned", "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} >= {"snapshot_dtype.json", "snapshot_dtype.csv", "snapshot_dtype.png"}
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main(["--replot", "--out", str(tmp_path / "empty")])
+    assert exc.value.code == 2 and "snapshot_dtype.json" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -7,6 +7,8 @@ before reporting, and writes a CSV plus a PNG drawn from it through `experiments
     python -m experiments.bench.model_prefill     # torch-backend prefill vs transformers, per model family
     python -m experiments.bench.ceilings          # the device's copy GB/s and GEMM TFLOP/s (the floors' rates)
     python -m experiments.bench.gpu_check         # the GPU session's one command (scripts/gpu_check.sh)
+    python -m experiments.bench.snapshot_dtype    # bf16 / fp8 snapshots: restored logits and greedy tokens vs fp32
+    python -m experiments.bench.snapshot_dtype_budget  # the same dtypes' restored tokens under a budget (simulated)
 
 Peers (mamba_ssm's and fla's Triton SSD) load from the git-ignored peers/ that
 `bash scripts/fetch_peers.sh` fills (`experiments.bench.peers`); `timing` gives every bench one
