@@ -22,7 +22,7 @@ class Capabilities:
 
     # Whether ssd_scan gets the checkpoint's mamba_chunk_size. The scan's chunk is a tiling choice,
     # not math (any chunk gives the same y and states up to rounding): the Triton kernels tile by
-    # it (Bamba: 256); the CPU reference keeps its own default, 128, its fastest on 2 cores.
+    # it (Bamba: 256); the CPU reference keeps its own default, 64, its fastest on the CPUs measured.
     scan_chunk_from_config: bool = False
     # Whether ssd_scan reads and writes the SSM states in the pool through slots (state_pool=,
     # state_slots=) instead of taking gathered initial states and returning finals to scatter.

@@ -7,10 +7,10 @@ What FlopCounterMode sees on the torch backend (CPU), and so what is compared:
   the MLPs, routers and each expert's slice of tokens (`model.moe.sorted_expert_mlps` loops over
   experts on a CPU), and the LM head on the chunk's last token -> `Flops.matmuls + Flops.head`;
 * `bmm`: the SSD scan's four products (`kernels/torch_cpu/ssd.py`: B^T x, C h, C B^T and its
-  product with x). That implementation has its own chunk (128, its default: the torch backend
+  product with x). That implementation has its own chunk (64, its default: the torch backend
   does not pass the config's, `scan_chunk_from_config` False), pads a row's last chunk to a
   whole one and multiplies whole Q x Q blocks, so it is compared with the cost model's scan
-  term for `ScanKernel(chunk=128, causal=False, padded=True)`; the default (`TRITON_SCAN`:
+  term for `ScanKernel(chunk=64, causal=False, padded=True)`; the default (`TRITON_SCAN`:
   the config's chunk, lower triangle, no padding) counts the Triton kernel's work instead;
 * attention: torch has no FLOP formula for the CPU flash op (`_scaled_dot_product_flash_attention_for_cpu`
   counts 0), so the test gives it one: 4 x head_dim per (query head, visible query-key pair)
@@ -39,14 +39,14 @@ aten = torch.ops.aten
 # One a family: Bamba, Granite-4.0-H with experts (its shared MLP is also all of the dense layout,
 # granite-dense-cpu, whose parameters are checked below), Nemotron-H (every layer kind).
 SMALL_PRESETS = ("small", "granite-small-cpu", "nemotron-h-small-cpu")
-NEW_TOKENS = 140  # not a multiple of the scan's chunk: the torch scan pads 140 to 256
+NEW_TOKENS = 140  # not a multiple of the scan's chunk: the torch scan pads 140 to 192
 
 
 def torch_scan_kernel() -> ScanKernel:
     backend = get_backend("torch")
     assert not backend.capabilities.scan_chunk_from_config  # the torch scan keeps its own chunk
     chunk = inspect.signature(backend.ssd_scan).parameters["chunk_size"].default
-    assert chunk == 128
+    assert chunk == 64
     return ScanKernel(chunk=chunk, causal=False, padded=True)
 
 
@@ -115,13 +115,17 @@ def test_prefill_flops_match_flop_counter(small_model, cached):
     assert expected.conv < 0.01 * expected.total  # the one term the counter misses
 
 
-def test_the_torch_scan_count_is_the_triton_count_padded_and_unhalved():
-    """At Bamba's chunk 256 a full 128-chunk of the torch scan does the work of a 256-chunk's lower
-    triangle (2 x 128 = 256 intra-chunk columns a token); the padding is the difference."""
+def test_the_torch_scan_count_is_its_whole_chunk_squares_padded():
+    """"small" (5 Mamba layers, H=8, P=64, N=128, one group; chunk 256): a token's states term is
+    4 H P N = 262,144 a layer in both; the intra-chunk term is a whole 64 x 64 square in the torch
+    scan (2 x 64 x (G N + H P) = 81,920) against the lower triangle of a 256-chunk in the Triton
+    kernel's count (256 x 640 = 163,840); the torch scan pads a row's last chunk to 64 tokens."""
     cost = ModelCost(PRESETS["small"])
     torch_scan, triton = cost.prefill_flops(256, scan=torch_scan_kernel()).scan, cost.prefill_flops(256).scan
-    assert torch_scan == triton == 256 * 2_129_920
+    assert triton == 256 * 5 * (262_144 + 163_840) == 256 * 2_129_920
+    assert torch_scan == 256 * 5 * (262_144 + 81_920)
     assert cost.prefill_flops(200, scan=torch_scan_kernel()).scan == torch_scan  # 200 tokens padded to 256
+    assert cost.prefill_flops(193, scan=torch_scan_kernel()).scan == torch_scan  # 193 too: 4 chunks of 64
 
 
 # ---------------------------------------------------------------- parameters and bytes

@@ -40,16 +40,17 @@ _GROUP_ELEMS = 1 << 19  # (chunks, H, L, L) fp32 decay tensor per group: 2 MB
 
 def ssd_scan_chunked(
     x, dt, A, B, C, *, cu_seqlens, D=None, dt_bias=None, dt_softplus=True, dt_limit=NO_LIMIT,
-    initial_states=None, capture_offsets=None, chunk_size: int = 128,
+    initial_states=None, capture_offsets=None, chunk_size: int = 64,
 ) -> SSDScanOutput:
     """The SSD matmul form over logical chunks, fp32 inside; same signature/outputs as `ssd_scan`.
 
-    Default chunk 128: the intra-chunk (L x L) work grows with L, the per-chunk state work with
-    T/L; on 2 CPU cores 64, 128 and 256 were within noise of each other (2.0-2.5 s for a
-    32772-token prefill at H=32, P=64, N=128), and 128 keeps a capture's extra chunk at half
-    the cost of 256. (With the small chunk groups, at T=8192, H=8, one thread, 64 measured ~25%
-    faster than 128 in this function, ~6% of a Nemotron-H prefill; `tests/test_cost_model.py`
-    pins 128, the cost model's torch scan term.) Memory is bounded by the chunk groups, not by T.
+    Default chunk 64: the intra-chunk (L x L) work grows with L, the per-chunk state work with
+    T/L. On the AMD EPYC (AVX-512) of issue 35, one thread, a 16384-token scan at H=8, P=64, N=128
+    (every CPU preset's Mamba shape) took 0.16 s at 64, 0.21 s at 128, 0.35 s at 256 (median of 4,
+    CPU time), and 0.28 / 0.38 / 0.67 s at T=8192, H=32; on the 2-core laptop of the earlier
+    records 64 was ~25% faster than 128 at T=8192, H=8, and 64-256 within noise at H=32, T=32772.
+    A capture's extra partial chunk costs at most one chunk state. `tests/test_cost_model.py` pins
+    the chunk: the cost model's torch scan term. Memory is bounded by the chunk groups, not by T.
     """
     seqlens, offsets, limit = check_ssd_scan_args(
         x, dt, A, B, C, cu_seqlens, D, dt_bias, dt_limit, initial_states, capture_offsets)
