@@ -40,7 +40,7 @@ def test_a_local_ray_run_gives_the_pool_rows_and_resumes(tmp_path):
     pool = rows_of(tmp_path / "pool")
     assert len(pool) == 3 and rows_of(ray_out) == pool
     lines = (ray_out / "points.jsonl").read_text().splitlines()
-    assert len(lines) == 3
-    (ray_out / "points.jsonl").write_text(lines[0] + "\n")  # as if killed after the first row
+    assert len(lines) == 1 + 3  # the header (the study's identity), a row a point
+    (ray_out / "points.jsonl").write_text("\n".join(lines[:2]) + "\n")  # as if killed after the first row
     assert factorial.main([*SMALL, "--ray", "--jobs", "2", "--resume", "--out", str(ray_out)]) == 0
-    assert rows_of(ray_out) == pool and len((ray_out / "points.jsonl").read_text().splitlines()) == 3
+    assert rows_of(ray_out) == pool and len((ray_out / "points.jsonl").read_text().splitlines()) == 1 + 3

@@ -9,8 +9,9 @@ model-free runner, the cost model's clock); the offline optimum (Belady's MIN ov
 demotions to the host included) is each cell's reference, and ours-plus with no budget at all is
 the host tier's (the issue's goal: with a 256 GB host, >= 97% of its unbounded restored tokens and a
 simulated TTFT p50 within 5% of it). Each point's row is appended to `points.jsonl` as it
-finishes, so `--resume` after a kill runs only what is missing (and, with every point kept,
-redraws the report and the figure from them).
+finishes (`experiments.common.sweep.Journal`: a header line with the study's identity, then a row a
+line), so `--resume` after a kill runs only what is missing (and, with every point kept, redraws
+the report and the figure from them); a resume into another study's folder is refused first.
 
 `--ray` runs the points as Ray tasks (one CPU each; the optional extra 'sweeps') on a local Ray with
 `--jobs` CPUs; `--ray-address HOST:PORT` (implies `--ray`) on a running cluster instead, e.g. two nodes:
@@ -31,20 +32,19 @@ per host tier, a column per device budget).
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
-import multiprocessing
-import os
-import socket
 import time
 from pathlib import Path
 
 from experiments.common.flags import float_list, int_in_range, name_list
-from experiments.common.inputs import read_text, require_extra
+from experiments.common.inputs import InputError, read_text, require_extra
 from experiments.common.progress import Progress
 from experiments.common.results_io import environment, log, write_csv, write_json, write_text
+from experiments.common import sweep
 from experiments.common.study import Context, Ran, Study, run_study
-from experiments.traces.sweep import budget_text, measure_point, ray_as_completed, ray_session
+from experiments.common.sweep import Journal
+from experiments.traces.sweep import budget_text, measure_point
 from experiments.workloads import READINGS, WORKLOADS
 from planner.evictions.registry import EVICTION_POLICIES
 from planner.policies.registry import POLICIES, get_policy
@@ -88,63 +88,34 @@ def measure(job: tuple[dict, dict]) -> dict:
     return point | {k: row[k] for k in KEEP if k in row}
 
 
-def measure_on_ray(job: tuple[dict, dict]) -> tuple[dict, str]:
-    """One point as a Ray task: its row and where it ran (for the driver's log, not the data)."""
-    import ray
-
-    node = ray.get_runtime_context().get_node_id()[:8]
-    return measure(job), f"node {node} ({socket.gethostname()} pid {os.getpid()})"
+def measure_indexed(base: dict, _index: int, point: dict) -> dict:
+    """`measure` as the sweep's executors call it (a module-level function: it pickles)."""
+    return measure((point, base))
 
 
-@contextlib.contextmanager
-def finished_rows(args, jobs: list[tuple[dict, dict]]):
-    """The jobs' rows in the order they finish: a spawn Pool of `--jobs` processes, or Ray tasks."""
+def journal(out: Path, base: dict) -> Journal:
+    """`points.jsonl`: a row a point, keyed by its (placement, eviction, budget, host); the study's
+    identity (trace, window, model, engine settings) in its header."""
+    return Journal(out / "points.jsonl", RECORD, base, key)
+
+
+def executor(args):
+    """`--jobs` spawn processes, or Ray tasks (a local Ray of `--jobs` CPUs, or `--ray-address`)."""
     if not args.ray:
-        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-            yield pool.imap_unordered(measure, jobs)
-        return
-    with ray_session(args.ray_address, args.jobs):
-        yield logged_rows(ray_as_completed(measure_on_ray, [(job,) for job in jobs]))
+        return sweep.processes(args.jobs)
+    return sweep.ray_tasks(args.ray_address, args.jobs, label=lambda p: f"{p['policy']}+{p['eviction']} "
+                           f"{budget_text(p['budget_gb'])} host {p['host_gb']:g} GB")
 
 
-def logged_rows(results):
-    """The rows of (row, where) pairs, logging which node ran each (kept out of the data)."""
-    for row, where in results:
-        log(f"{row['policy']}+{row['eviction']} {budget_text(row['budget_gb'])} host {row['host_gb']:g} GB ran on "
-            f"{where}")
-        yield row
-
-
-def done_rows(path: Path) -> list[dict]:
-    """The rows a killed run already wrote (a torn last line is dropped)."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
-
-
-def run(args, base: dict, out: Path) -> list[dict]:
-    path = out / "points.jsonl"
-    rows = done_rows(path) if args.resume else []
-    have = {key(r) for r in rows}
-    todo = [p for p in points(args) if key(p) not in have]
-    log(f"{len(todo)} points to run ({len(rows)} kept), " + (
+def run(args, base: dict, out: Path, kept: list[dict]) -> list[dict]:
+    todo = sweep.pending(points(args), done={key(r) for r in kept}, key=lambda i, p: key(p))
+    log(f"{len(todo)} points to run ({len(kept)} kept), " + (
         f"Ray tasks ({args.ray_address or f'local Ray, {args.jobs} CPUs'})" if args.ray else f"{args.jobs} processes"))
-    # the workers (or the Ray connection) first: a failed connection leaves points.jsonl as it was
-    with finished_rows(args, [(p, base) for p in todo]) as results, open(path, "a" if args.resume else "w") as f, \
-            Progress(len(todo), "points", every_s=30) as progress:
-        for row in results:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            rows.append(row)
-            progress.advance(note=f"{row['policy']}+{row['eviction']} {budget_text(row['budget_gb'])} "
-                                  f"host {row['host_gb']:g} GB: {row['ssm_hit_tokens']:,} restored")
-    return rows
+    with Progress(len(todo), "points", every_s=30) as progress:
+        return sweep.run_journal(journal(out, base), points(args), functools.partial(measure_indexed, base), kept,
+                                 executor(args), advance=lambda row: progress.advance(
+                                     note=f"{row['policy']}+{row['eviction']} {budget_text(row['budget_gb'])} "
+                                          f"host {row['host_gb']:g} GB: {row['ssm_hit_tokens']:,} restored"))
 
 
 def unbounded_row(rows: list[dict]) -> dict | None:
@@ -334,15 +305,17 @@ class Factorial(Study):
             require_extra("ray", "sweeps", "--ray")
         if args.resume and args.out is None:
             ctx.error("argument --resume: needs --out FOLDER (the killed run's folder)")
-        if args.resume and (args.out / "points.jsonl").exists():
-            read_text(args.out / "points.jsonl", "a factorial's points.jsonl")
-        if args.resume:
+        if args.resume:  # the points file of the same study (its header), then its report's config
+            try:
+                ctx.inputs["kept"] = journal(args.out, base_of(args)).kept()
+            except InputError as err:
+                ctx.error(f"argument --resume: {err}")
             check_same_run(ctx.ap, args.out / "factorial.json", base_of(args))
 
     def run(self, ctx: Context) -> Ran:
         args, out, base = ctx.args, ctx.out, base_of(ctx.args)
         t0 = time.time()
-        rows = run(args, base, out)
+        rows = run(args, base, out, ctx.inputs.get("kept", []))
         rows.sort(key=lambda r: (r["host_gb"], r["budget_gb"] if r["budget_gb"] is not None else float("inf"),
                                  r["policy"], r["eviction"]))
         config = base | {"policies": args.policy, "evictions": args.eviction, "budget_gb": args.budget_gb,
