@@ -238,3 +238,20 @@ def test_the_benchmark_writes_its_data_and_refuses_a_folder_without_it(tmp_path,
     with pytest.raises(SystemExit) as exc:
         main(["--replot", "--out", str(tmp_path / "empty")])
     assert exc.value.code == 2 and "snapshot_dtype.json" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_trace_study_passes_the_flag_to_every_point(monkeypatch):
+    """--snapshot-dtype reaches the config only when given (records without it keep their definition),
+    and every point's SimConfig from there."""
+    from experiments.traces import study as traces_cli
+    from experiments.traces import sweep
+
+    base = ["--trace", "synthetic", "--policy", "aligned", "--budget-gb", "1"]
+    assert "snapshot_dtype" not in traces_cli.config_of(traces_cli.parser().parse_args(base))
+    config = traces_cli.config_of(traces_cli.parser().parse_args(base + ["--snapshot-dtype", "float8_e4m3fn"]))
+    assert config["snapshot_dtype"] == "float8_e4m3fn"
+    seen = []
+    monkeypatch.setattr(sweep, "load_requests", lambda *a, **k: ())
+    monkeypatch.setattr(sweep, "simulate", lambda requests, cfg, *a: seen.append(cfg) or {"metrics": {}, "records": []})
+    sweep.measure_point({"trace": "synthetic", "reading": "chains", "policy": "aligned", "budget_gb": 1.0}, config)
+    assert seen[0].snapshot_dtype == "float8_e4m3fn"
