@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from experiments.bench.ratios import add_peer_ratios, load_ceilings, pct_of
 from experiments.bench.ssd_scan import MIN_TOKENS, capture_offsets, time_variants
 from experiments.common.results_io import environment, log, read_csv, write_csv
+from experiments.common.study import Context, Study, run_study
 from kernels.contracts.gated_delta import L2NORM_EPS
 from kernels.reference.gated_delta import gated_delta_rule_sequential
 from kernels.testing import assert_close, tolerance
@@ -369,12 +370,10 @@ RECORD = "bench_gated_delta_rule"
 CSV_COLUMNS = ("device", "impl", "shape", "T", "variant", "median_ms", "min_ms", "overhead_vs_none_pct")
 
 
-def parser():
+def add_flags(p) -> None:
     from experiments.bench import preset_names
-    from experiments.common.flags import add_replot_flag, device_name, int_in_range, int_list, new_parser
-    from experiments.common.outputs import add_out_flags
+    from experiments.common.flags import device_name, int_in_range, int_list
 
-    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.gated_delta_rule")
     p.add_argument("--model", type=preset_names, default=None,
                    help="presets with Gated DeltaNet layers whose mixer shapes to time, comma-separated "
                         "(absent: qwen3-next-80b-a3b on CUDA, qwen3-next-tiny on a CPU)")
@@ -393,9 +392,6 @@ def parser():
     p.add_argument("--no-peers", action="store_true", help="time no peer (fla)")
     p.add_argument("--ceilings", type=Path, default=None,
                    help="a ceilings.json (python -m experiments.bench.ceilings) for the pct_copy_bw column")
-    add_out_flags(p, RECORD)
-    add_replot_flag(p)
-    return p
 
 
 def check_args(p, args) -> None:
@@ -431,27 +427,29 @@ def replot(out: Path) -> list[Path]:
     return [out / PNG_NAME]
 
 
-def _main(argv=None) -> None:
-    from experiments.common.outputs import report_written, resolve_out
+class GatedDeltaRuleBench(Study):
+    record = RECORD
+    prog = "python -m experiments.bench.gated_delta_rule"
+    description = __doc__.splitlines()[0]
 
-    p = parser()
-    args = p.parse_args(argv)
-    if args.replot:
-        resolve_out(p, args, reading="--replot")
-        report_written(replot(args.out))
-        return
-    check_args(p, args)
-    out = resolve_out(p, args)
-    rows = run(args)
-    written = [write_csv(out / CSV_NAME, rows)]
-    report_written(written + replot(out))
+    def add_flags(self, ap) -> None:
+        add_flags(ap)
+
+    def check(self, ctx: Context) -> None:
+        if not ctx.reading:
+            check_args(ctx.ap, ctx.args)
+
+    def run(self, ctx: Context) -> list[Path]:
+        return [write_csv(ctx.out / CSV_NAME, run(ctx.args))]
+
+    def figures(self, ctx: Context) -> list[Path]:
+        return replot(ctx.out)
 
 
-def main(argv=None) -> None:
-    from experiments.common.inputs import fail_on_input_error
-
-    return fail_on_input_error(parser)(_main)(argv)
+STUDY = GatedDeltaRuleBench()
+parser = STUDY.parser
+main = STUDY.main
 
 
 if __name__ == "__main__":
-    main()
+    run_study(STUDY)
