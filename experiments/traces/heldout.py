@@ -17,7 +17,8 @@ tier, placement, eviction, restored (SSM-usable) tokens, and its ratio to the be
 that window and cell (a peer's ratio is to the best of the *other* peers). `heldout.md` reports,
 per split, how many windows each judged pair wins and the median / min / max of its ratio, then
 every window's row; `heldout.png` draws the ratio per window across the trace and every pair's
-spread. Rows are appended to `points.jsonl` as they finish, so `--resume` runs only what is missing.
+spread. Rows are appended to `points.jsonl` as they finish (`experiments.common.sweep.Journal`: a
+header line with the study's identity, then a row a line), so `--resume` runs only what is missing.
 
 A constant is never re-chosen here: the command measures, it tunes nothing.
 """
@@ -32,7 +33,9 @@ from pathlib import Path
 from experiments.common.flags import float_list, int_in_range
 from experiments.common.inputs import InputError, read_json, read_text
 from experiments.common.results_io import environment, log, write_csv, write_json, write_text
+from experiments.common import sweep
 from experiments.common.study import Study, run_study
+from experiments.common.sweep import Journal
 from experiments.traces.windows import TEST_SEED, TRAIN, WINDOW_REQUESTS, Window, excluded, protocol
 from experiments.workloads import READINGS, WORKLOADS
 from planner.evictions.registry import EVICTION_POLICIES
@@ -115,32 +118,20 @@ def measure(point: dict, base: dict) -> dict:
     return point | {k: row[k] for k in KEEP if k in row}
 
 
-def done_rows(path: Path) -> list[dict]:
-    """The rows a killed run already wrote (a torn last line is dropped)."""
-    rows = []
-    if path.is_file():
-        for line in read_text(path, "a held-out run's points.jsonl").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
+def journal(out: Path, config: dict) -> Journal:
+    """`points.jsonl`: a row a point, keyed by `key`; the study's identity (`SAME_STUDY`) in its header."""
+    return Journal(Path(out) / "points.jsonl", RECORD, {k: config[k] for k in SAME_STUDY}, key)
 
 
-def run(todo: list[dict], rows: list[dict], base: dict, path: Path, append: bool) -> list[dict]:
-    """Measure `todo` in this process (one core), appending each row to `path` as it finishes."""
+def run(journal: Journal, points: list[dict], kept: list[dict], base: dict, todo: int) -> list[dict]:
+    """Measure the `todo` points not kept in this process (one core), appending each row as it finishes."""
     from experiments.common.progress import Progress
 
-    with open(path, "a" if append else "w") as f, Progress(len(todo), "points", every_s=60) as progress:
-        for point in todo:
-            row = measure(point, base)
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            rows.append(row)
+    with Progress(todo, "points", every_s=60) as progress:
+        return sweep.run_journal(journal, points, lambda i, point: measure(point, base), kept, advance=lambda row: (
             progress.advance(note=f"{row['split']} {row['start']:,}+{row['limit']:,} {row['budget_gb']:g} GB "
                                   f"{row['tier']}: {row['policy']}+{row['eviction']} {row['ssm_hit_tokens']:,} restored "
-                                  f"in {row['wall_s']:.0f} s")
-    return rows
+                                  f"in {row['wall_s']:.0f} s")))
 
 
 def with_ratios(rows: list[dict], ours: list[tuple[str, str]]) -> list[dict]:
@@ -339,9 +330,14 @@ class Heldout(Study):
             ctx.error(f"argument --width: no {args.width}-request test window fits in {args.trace}'s {total:,} "
                       "requests outside its train and seen windows")
         config = study_config(args, total, windows)
-        if args.resume:
+        kept = []
+        if args.resume:  # the points file of the same study (its header), then its report's config
+            try:
+                kept = journal(args.out, config).kept()
+            except InputError as err:
+                ctx.error(f"argument --resume: {err}")
             self.check_same_study(ctx, Path(args.out) / "heldout.json", config)
-        ctx.inputs.update(windows=windows, config=config)
+        ctx.inputs.update(windows=windows, config=config, kept=kept)
 
     @staticmethod
     def check_same_study(ctx, path: Path, config: dict) -> None:
@@ -360,14 +356,12 @@ class Heldout(Study):
     def run(self, ctx):
         args, out = ctx.args, ctx.out
         windows, config = ctx.inputs["windows"], ctx.inputs["config"]
-        path = out / "points.jsonl"
-        rows = done_rows(path) if args.resume else []
-        have = {key(r) for r in rows}
-        todo = [p for p in points(windows, args) if key(p) not in have]
+        kept, store, every = ctx.inputs["kept"], journal(out, config), points(windows, args)
+        todo = sweep.pending(every, done={key(r) for r in kept}, key=lambda i, p: key(p))
         log(f"{args.trace} ({args.reading}), {config['trace_requests']:,} requests: windows "
-            + ", ".join(f"{w.split} {w.label()}" for w in windows) + f"; {len(todo)} points to run ({len(rows)} kept)")
+            + ", ".join(f"{w.split} {w.label()}" for w in windows) + f"; {len(todo)} points to run ({len(kept)} kept)")
         t0 = time.time()
-        rows = with_ratios(run(todo, rows, base_config(args), path, args.resume), list(args.ours))
+        rows = with_ratios(run(store, every, kept, base_config(args), len(todo)), list(args.ours))
         for s in spread(rows):
             if s["judged"]:
                 log(f"{s['budget_gb']:g} GB {s['tier']} {s['policy']}+{s['eviction']} {s['split']}: wins {s['wins']} "
@@ -379,7 +373,7 @@ class Heldout(Study):
                                                   "invocation_wall_s": time.time() - t0}),
                 write_csv(out / "heldout.csv", [{k: json.dumps(v) if isinstance(v, dict) else v for k, v in r.items()
                                                  if k != "eviction_leaders"} for r in rows]),
-                path]
+                store.path]
 
     def figures(self, ctx):
         return figures_from(ctx.out)
