@@ -5,7 +5,10 @@ A point's digest is sha256 over its per-request records (every field, TTFT inclu
 `repr`: bit-exact) and its metrics (all but `wall_s`), in a canonical JSON. The points cover each
 eviction code path the speed work touches: LRU (unbounded and gated), learned value over a device
 and a 256 GB host tier, seglen, shadow_best's four shadows (with a tight KV pool too, where an
-admission is retried), FLOP-aware over a host tier and Belady's MIN for the optimum.
+admission is retried), FLOP-aware over a host tier and Belady's MIN for the optimum; and each decode
+path: a decode-snapshot grid of every token (ours-plus), of the block (marconi), of vLLM's padded block
+(vllm-align, vllm-junction) and of the kernel chunk (sglang), none (trtllm), marked decode states (the
+optimum), and decode rows preempted at a block boundary (the 2-3 GB KV pools).
 
     .venv/bin/python -m tests.sim_digest_points --limit 200 [--limit 1000]   # print digests (to record)
 """
@@ -33,7 +36,15 @@ POINTS = {
     "vllm-junction-0.25gb-flop_aware-host256": ("as-given", "vllm-junction", 0.25, "flop_aware", 256.0, 60.0),
     "trtllm-0.25gb-lru": ("as-given", "trtllm", 0.25, "lru", None, 60.0),
     "optimum-4gb": ("chains", "optimum", 4.0, None, None, 60.0),
+    # Added with the decode fast path (f634569), recorded on the code before it (ad068c8): the optimum's
+    # decode-time marks under a 3 GB KV pool, and SGLang's kernel-chunk decode grid (256) under a 2 GB
+    # pool (895 preemptions in 120 requests, many at a decode row's block boundary mid-tick).
+    "optimum-4gb-kvpool3": ("chains", "optimum", 4.0, None, None, 3.0),
+    "sglang-0.25gb-lru-kvpool2": ("as-given", "sglang", 0.25, "lru", None, 2.0),
 }
+
+# The long window `tests/test_sim_digest.py` always checks: (point, requests).
+LONG_POINT = ("ours-plus-4gb-shadow_best", 3000)
 
 
 def _canonical(value):

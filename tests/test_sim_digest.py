@@ -7,7 +7,9 @@ bit-exact, and every metric but wall time) compared with the one recorded before
 (commit c446d57, with the store's `observe_lookup` that its scheduler calls). Any change to any row
 fails. N is 120 by default (~30 s on one core); `SIM_DIGEST_LIMIT=200` checks every point on 200
 requests, `=1000` six of them on 1,000 (~80 s of CPU after the speed work, ~230 s before; recorded
-by `experiments.bench.simulator` on c446d57). A change that is meant to change results re-records
+by `experiments.bench.simulator` on c446d57). One long window (`LONG_POINT`: ours-plus 4 GB on 3,000
+requests) runs always. Points added later were recorded on the commit before the change they guard
+(named beside them). A change that is meant to change results re-records
 with `.venv/bin/python -m tests.sim_digest_points --limit 120 --limit 200 --limit 1000`, and says so.
 """
 
@@ -18,7 +20,7 @@ import os
 import pytest
 
 from experiments.traces.simulate import RequestRecord
-from tests.sim_digest_points import POINTS, digest, run_point
+from tests.sim_digest_points import LONG_POINT, POINTS, digest, run_point
 
 DIGESTS = {
     120: {
@@ -32,6 +34,8 @@ DIGESTS = {
         "vllm-junction-0.25gb-flop_aware-host256": "8cd6903c35eac1eccb0ad95979f860d905bb983ef3bba71247902f8010c02aa7",
         "trtllm-0.25gb-lru": "a34b2d4c85a86acfeae129a4e36d00f82261e40d5b83ae3e9ee6456cc033e509",
         "optimum-4gb": "2688025aaeb4336e8b22037bd010b6a9c17c2756c036f8f8f6d8cc04dd426168",
+        "optimum-4gb-kvpool3": "f2e3bf564d97fa6bc04cac9ead4cc5aa99b7ce574616f83c8f728ba42fd454dd",
+        "sglang-0.25gb-lru-kvpool2": "f4bf29665838c4bced0c32e9a00bd6400944c6530b6f14a108e9f9dce7dadcb0",
     },
     200: {
         "vllm-align-unbounded": "17d6a09bec273e810db79632630b034941ababd75eefe90535a094a382e0a5cd",
@@ -44,6 +48,8 @@ DIGESTS = {
         "vllm-junction-0.25gb-flop_aware-host256": "bb81a48f962b6616d1c2d6a053535c76f8f479e1d11670290f2d9da8801e6d58",
         "trtllm-0.25gb-lru": "96a58805ae76b101d411f86577bc410a74b8fa09219d52e32f0fad5bd517a0a9",
         "optimum-4gb": "f52a26a23ea3b0c87580e830ebf10b8261db884659b95b0b978c9e3885b364e1",
+        "optimum-4gb-kvpool3": "9f96a3229e026210f5f792aa5af5ab9110009ac75ebc1863bccb35275da17a4e",
+        "sglang-0.25gb-lru-kvpool2": "1d817b6e746a9c5a20900a3446bebfe4b8534996d3421baca4d99f21f44717e0",
     },
     1000: {
         "vllm-align-unbounded": "2ed419d33a645fa01f22e21f647bd9d539b13e274d0ce8d733cb3cb321b00505",
@@ -52,6 +58,9 @@ DIGESTS = {
         "ours-plus-4gb-learned_value-host256": "87df3f8d0202fd2c9dd5dc0c811b85780602def4237fcda526901264fba63877",
         "marconi-0.25gb-seglen": "dde7420026f63823ad5169a3ebd251ab2f35068b1911dea21f502d6b51a7bbba",
         "vllm-junction-0.25gb-flop_aware-host256": "4cd708b238c1b03f4aa74cfe9e3ac46ad6183ecea5915d82556cf6fc297c4d94",
+    },
+    3000: {  # recorded on ad068c8, before the decode fast path (39.6 s of CPU there)
+        "ours-plus-4gb-shadow_best": "9ba7e1d608438885bcdb4dae8e2730af2fcf3113bac8256eb35bbd99b25a97c4",
     },
 }
 
@@ -68,6 +77,14 @@ def test_rows_are_unchanged(name):
     if name not in DIGESTS[LIMIT]:
         pytest.skip(f"no digest recorded for {name} at {LIMIT} requests")
     assert digest(run_point(name, LIMIT)) == DIGESTS[LIMIT][name]
+
+
+def test_a_long_window_is_unchanged():
+    """A quarter of the trace on one point whatever SIM_DIGEST_LIMIT says (~25 s of CPU): ours-plus over a
+    4 GB store, every path the decode fast path and the content index take (block-16 decode rows, a
+    decode state every token, token-granular matches ending inside blocks, block reuse past the sweep)."""
+    name, limit = LONG_POINT
+    assert digest(run_point(name, limit)) == DIGESTS[limit][name]
 
 
 def test_the_digest_sees_one_bit_of_one_ttft():
