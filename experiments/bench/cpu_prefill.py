@@ -62,6 +62,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.results_io import RESULTS, environment, log, write_csv, write_json
+from experiments.common.study import Context, Ran, Study, run_study
 
 RECORD = "bench_cpu_prefill"
 PUBLISHED = RESULTS / "bench" / "cpu_prefill"  # one folder per CPU (`cpu_slug`)
@@ -78,12 +79,10 @@ SCOPE_PREFIX = "cpu_prefill::"
 
 
 # ------------------------------------------------------------------------------------------ flags
-def parser():
-    from experiments.common.flags import float_in_range, int_in_range, name_list, new_parser
-    from experiments.common.outputs import add_out_flags
+def add_flags(p) -> None:
+    from experiments.common.flags import float_in_range, int_in_range, name_list
     from experiments.bench import preset_name
 
-    p = new_parser(__doc__.splitlines()[0], prog="python -m experiments.bench.cpu_prefill")
     p.add_argument("--model", type=preset_name, default="granite-dense-cpu", help="a model preset")
     p.add_argument("--tokens", type=int_in_range(2), default=4096, help="prompt tokens")
     p.add_argument("--dtype", type=name_list(("float32", "bfloat16")), default="float32,bfloat16",
@@ -98,10 +97,6 @@ def parser():
     p.add_argument("--seed", type=int_in_range(0, 2**32 - 1), default=0, help="weights and prompt seed")
     p.add_argument("--ceiling-min-s", type=float_in_range(0, lo_open=True), default=0.05,
                    help="CPU seconds each ceiling sample runs at least (calls repeated until then)")
-    add_out_flags(p, RECORD)
-    p.add_argument("--replot", action="store_true",
-                   help="redraw cpu_prefill.png from summary.json in --out (or the newest run) and exit")
-    return p
 
 
 def cpu_slug(machine: dict) -> str:
@@ -588,39 +583,47 @@ def headline(summary: dict) -> list[tuple]:
     return rows
 
 
-def main(argv=None) -> int:
-    from experiments.common.inputs import fail_on_input_error
+class CpuPrefillBench(Study):
+    record = RECORD
+    prog = "python -m experiments.bench.cpu_prefill"
+    description = __doc__.splitlines()[0]
 
-    return fail_on_input_error(parser)(_main)(argv)
+    def add_flags(self, ap) -> None:
+        add_flags(ap)
+
+    def check(self, ctx: Context) -> None:
+        from experiments.common.inputs import require_extra
+        from experiments.common.machine import machine_info
+
+        args = ctx.args
+        if args.publish:  # the record keeps one folder per CPU
+            args.out, args.publish = PUBLISHED / cpu_slug(machine_info()), False
+        if not ctx.reading and "transformers" in args.peers:
+            require_extra("transformers", "bench", "experiments.bench.cpu_prefill (the transformers side)")
+
+    def run(self, ctx: Context) -> Ran:
+        out = ctx.out
+        summary, rows, warm_rows, ceiling_rows = measure(ctx.args)
+        summary = json.loads(json.dumps(summary, default=_jsonable))
+        return Ran([write_csv(out / "rows.csv", [_flat(r) for r in rows + warm_rows]),
+                    write_csv(out / "ceilings.csv", ceiling_rows), write_json(out / "summary.json", summary)],
+                   result=summary)
+
+    def figures(self, ctx: Context) -> list[Path]:
+        from experiments.common.inputs import read_json
+
+        summary = ctx.result or read_json(ctx.out / "summary.json", ("by_dtype", "environment"))
+        return [plot(summary, ctx.out / "cpu_prefill.png")]
+
+    def headline(self, ctx: Context) -> dict:
+        """Beside the committed folder of this CPU (results/bench/cpu_prefill/<cpu>/)."""
+        record = PUBLISHED / cpu_slug(ctx.result["environment"].get("machine") or {})
+        return {str(record.relative_to(RESULTS)): headline(ctx.result)}
 
 
-def _main(argv=None) -> int:
-    from experiments.common.inputs import read_json, require_extra
-    from experiments.common.machine import machine_info
-    from experiments.common.outputs import beside_record, precheck_out, report_written, resolve_out, writes_record
-
-    p = parser()
-    args = p.parse_args(argv)
-    precheck_out(p, args.out)
-    if args.publish:  # the record keeps one folder per CPU
-        args.out, args.publish = PUBLISHED / cpu_slug(machine_info()), False
-    if args.replot:
-        resolve_out(p, args, reading="--replot")
-        report_written([plot(read_json(args.out / "summary.json", ("by_dtype", "environment")), args.out / "cpu_prefill.png")])
-        return 0
-    if "transformers" in args.peers:
-        require_extra("transformers", "bench", "experiments.bench.cpu_prefill (the transformers side)")
-    resolve_out(p, args)
-    summary, rows, warm_rows, ceiling_rows = measure(args)
-    written = [write_csv(args.out / "rows.csv", [_flat(r) for r in rows + warm_rows]),
-               write_csv(args.out / "ceilings.csv", ceiling_rows),
-               write_json(args.out / "summary.json", json.loads(json.dumps(summary, default=_jsonable))),
-               plot(json.loads(json.dumps(summary, default=_jsonable)), args.out / "cpu_prefill.png")]
-    if not writes_record(args.out):
-        beside_record(headline(json.loads(json.dumps(summary, default=_jsonable))),
-                      str((PUBLISHED / cpu_slug(summary["environment"].get("machine") or {})).relative_to(RESULTS)))
-    report_written(written)
-    return 0
+STUDY = CpuPrefillBench()
+parser = STUDY.parser
+main = STUDY.main
 
 
 def _flat(row: dict) -> dict:
@@ -635,4 +638,4 @@ def _jsonable(x):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_study(STUDY)
