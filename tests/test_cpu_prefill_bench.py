@@ -49,7 +49,7 @@ def test_flop_floor_is_the_hand_count():
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_prefill")
-    argv = ["--model", "granite-dense-cpu", "--tokens", str(TOKENS), "--dtype", "float32", "--repeats", "2",
+    argv = ["--model", "granite-dense-cpu", "--tokens", str(TOKENS), "--dtype", "float32", "--repeats", "2", "--warm-repeats", "2",
             "--peers", "transformers,vllm", "--vllm-python", "/bin/false", "--ceiling-min-s", "0.002",
             "--out", str(out)]
     assert cpu_prefill.main(argv) == 0
@@ -63,7 +63,7 @@ def test_rows_for_every_system_and_repeat(run):
         ("ours", "0"), ("ours", "1"), ("transformers", "0"), ("transformers", "1")]
     assert all(float(r["cpu_s"]) > 0 and float(r["wall_s"]) > 0 and r["tokens"] == str(TOKENS) for r in timed)
     warm = [r for r in rows if r.get("warm_cpu_s")]
-    assert len(warm) == 2 and all(r["warm_replayed_tokens"] == "1" for r in warm)
+    assert len(warm) == 4 and all(r["warm_replayed_tokens"] == "1" for r in warm)  # 2 prompts x 2 warm repeats
     assert all(float(r["decode_step_cpu_s"]) > 0 and float(r["decode_forward_cpu_s"]) > 0 for r in warm)
 
 

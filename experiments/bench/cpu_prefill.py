@@ -32,7 +32,7 @@ SSM scan (the SSD scan op: its bmm, exp, cumsum), conv, elementwise (every other
 gates, activations, embedding) and unattributed (the profiled call's CPU time minus its ops':
 Python and dispatch).
 
-Warm (ours): after each cold request the byte-identical repeat (one output token: restore + one
+Warm (ours): after each cold request, `--warm-repeats` times, the byte-identical repeat (one output token: restore + one
 token's forward, `warm_cpu_s`) and then the same prompt with three output tokens, whose second
 tick is one decode step at the prompt's context: the floor (`decode_step_cpu_s`; its forward alone
 `decode_forward_cpu_s`). Issue 35's goal: warm TTFT <= 1.2x the floor.
@@ -88,6 +88,8 @@ def add_flags(p) -> None:
     p.add_argument("--dtype", type=name_list(("float32", "bfloat16")), default="float32,bfloat16",
                    help="dtypes, comma-separated (float32, bfloat16)")
     p.add_argument("--repeats", type=int_in_range(1), default=3, help="timed prompts per system and dtype")
+    p.add_argument("--warm-repeats", type=int_in_range(1), default=5,
+                   help="warm requests (each with its decode-step floor) after each cold prompt of ours")
     p.add_argument("--peers", type=name_list(PEERS), default=",".join(PEERS),
                    help=f"peers beside ours, comma-separated ({', '.join(PEERS)})")
     p.add_argument("--vllm-python", default=None,
@@ -415,10 +417,11 @@ def measure_dtype(args, dtype: str, folder: Path, vllm_python: str | None, workd
                 if "error" not in rec:
                     log(f"{dtype} repeat {r} {name:>12}: cpu {rec['cpu_s']:.3f} s, wall {rec['wall_s']:.3f} s")
                 if name == OURS:
-                    w = ours.warm(prompt)
-                    warm_rows.append({"dtype": dtype, "repeat": r, "tokens": args.tokens, **w})
+                    for j in range(args.warm_repeats):  # milliseconds each: more samples than the cold prompts
+                        w = ours.warm(prompt)
+                        warm_rows.append({"dtype": dtype, "repeat": r, "warm_repeat": j, "tokens": args.tokens, **w})
                     log(f"{dtype} repeat {r}   warm: {w['warm_cpu_s'] * 1e3:.2f} ms, one decode step "
-                        f"{(w['decode_step_cpu_s'] or float('nan')) * 1e3:.2f} ms (cpu)")
+                        f"{(w['decode_step_cpu_s'] or float('nan')) * 1e3:.2f} ms (cpu, the last of {args.warm_repeats})")
     finally:
         if "vllm" in systems:
             systems["vllm"].stop()
