@@ -21,7 +21,6 @@ from kernels.torch_cpu.capability import cpu_routes
 from kernels.contracts.paged_attention import (check_kv_block_copy_args, check_kv_cache_write_args,
                                                check_paged_attention_args)
 
-FEW_COPIES = 8  # block-prefix copies up to this many run as slice copies on host ints
 
 
 def write_kv_cache_cpu(
@@ -55,14 +54,6 @@ def copy_kv_block_prefix_cpu(
     switch (as in `kernels.kv_block_copy`)."""
     check_kv_block_copy_args(key_cache, value_cache, src_block_ids, dst_block_ids, num_rows, debug_checks())
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
-    if src_block_ids.shape[0] <= FEW_COPIES:  # a request's partial-block match: one copy a request
-        # host ints and one slice copy per block (no dst is a src, so the order is free): 4x less
-        # time than the masks below for one copy (a warm request's copy-on-write)
-        for s, d, n in zip(src_block_ids.tolist(), dst_block_ids.tolist(), num_rows.tolist()):
-            if n > 0:
-                key_cache[d, :n] = key_cache[s, :n]
-                value_cache[d, :n] = value_cache[s, :n]
-        return
     rows = torch.arange(block_size, device=key_cache.device)
     keep = rows[None, :] < num_rows[:, None]  # (C, block_size): the rows each copy writes
     src = (src_block_ids.long()[:, None] * block_size + rows)[keep]
