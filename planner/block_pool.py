@@ -18,7 +18,7 @@ parent (exact, no second hash): one entry per block, where hashing every unit-lo
 take block/unit entries (16 at unit 1). Reusing the block drops the entry.
 
 What the index costs until a lookup reads it: a full block registered at publication
-(`register_spans`) keeps a reference to the tokens its publisher already holds (one slice per
+(`register_blocks`) keeps a reference to the tokens its publisher already holds (one slice per
 publication, shared by its blocks), not a tuple of its own; reusing the block only marks its
 entry dead (the bucket keeps it until the dead outnumber the live, then every bucket is swept
 once). On the whole Mooncake conversation trace (ours-plus, token-granular) 7.3 M blocks were
@@ -76,19 +76,15 @@ def hash_full_blocks(token_ids: Sequence[int], block_size: int) -> list[BlockHas
     return extend_block_hashes([], token_ids, block_size)
 
 
-class _ContentEntry:
-    """A block findable by content: its parent's hash and the tokens its rows hold, `length` of them
-    from `offset` in `tokens` (a sequence the publisher shares with its other blocks: nothing is
-    copied until a lookup compares them)."""
+# A block findable by content, as a list (made 7.3 M times on a whole trace: a list is the cheapest
+# mutable record): [block, parent hash, tokens, offset, length], its rows holding
+# tokens[offset:offset + length] (a sequence the publisher shares with its other blocks: nothing is
+# copied until a lookup compares them).
+_BLOCK, _PARENT, _TOKENS, _OFFSET, _LENGTH = range(5)
 
-    __slots__ = ("block", "parent", "tokens", "offset", "length")
 
-    def __init__(self, block: "KVBlock", parent: BlockHash, tokens: Sequence[int], offset: int, length: int):
-        self.block, self.parent, self.tokens, self.offset, self.length = block, parent, tokens, offset, length
-
-    @property
-    def content(self) -> tuple[int, ...]:
-        return tuple(self.tokens[self.offset:self.offset + self.length])
+def _entry_content(entry: list) -> tuple[int, ...]:
+    return tuple(entry[_TOKENS][entry[_OFFSET]:entry[_OFFSET] + entry[_LENGTH]])
 
 
 @dataclasses.dataclass(eq=False)
@@ -100,25 +96,25 @@ class KVBlock:
     ref_cnt: int = 0
     block_hash: BlockHash | None = None  # set once the block is full and published
     # Findable by content (`BlockPool.register_content`): its live index entry (None: not findable).
-    entry: _ContentEntry | None = dataclasses.field(default=None, repr=False)
+    entry: list | None = dataclasses.field(default=None, repr=False)
 
     @property
     def parent(self) -> BlockHash | None:
         """The chained hash of the prefix before it, while findable by content."""
-        return None if self.entry is None else self.entry.parent
+        return None if self.entry is None else self.entry[_PARENT]
 
     @parent.setter
     def parent(self, value: BlockHash) -> None:  # (tests spoil an entry through it)
-        self.entry.parent = value
+        self.entry[_PARENT] = value
 
     @property
     def content(self) -> tuple[int, ...]:
         """The tokens its written rows hold, while findable by content (else ())."""
-        return () if self.entry is None else self.entry.content
+        return () if self.entry is None else _entry_content(self.entry)
 
     @content.setter
     def content(self, value: Sequence[int]) -> None:  # (tests spoil an entry through it)
-        self.entry.tokens, self.entry.offset, self.entry.length = tuple(value), 0, len(value)
+        self.entry[_TOKENS:] = [tuple(value), 0, len(value)]
 
     def __repr__(self) -> str:
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
@@ -149,7 +145,7 @@ class BlockPool:
         self._cached: dict[BlockHash, KVBlock] = {}
         # (parent hash, first token) -> entries of blocks findable by content, oldest first; an entry
         # whose block has moved on (`block.entry is not entry`) is dead and skipped (module docstring)
-        self._by_content: dict[tuple[BlockHash, int], list[_ContentEntry]] = {}
+        self._by_content: dict[tuple[BlockHash, int], list[list]] = {}
         self._entries = self._dead_entries = 0  # entries in the buckets, and of them the dead
         self.stats = BlockPoolStats()
 
@@ -227,6 +223,20 @@ class BlockPool:
         self._cached[block_hash] = block
         return True
 
+    def publish_blocks(self, blocks: Sequence[KVBlock], hashes: Sequence[BlockHash], first: int, end: int) -> list[int]:
+        """`publish` of blocks[i] under hashes[i] for i in [first, end), in order (one call a chunk, not
+        one a block); returns the indices it published."""
+        cached, out = self._cached, []
+        for i in range(first, end):
+            block, block_hash = blocks[i], hashes[i]
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"publishing block {block.block_id}, which nobody holds")
+            if block.block_hash is None and block_hash not in cached:
+                block.block_hash = block_hash
+                cached[block_hash] = block
+                out.append(i)
+        return out
+
     def register_content(self, block: KVBlock, parent: BlockHash, content: Sequence[int]) -> None:
         """Make `block` findable by content: its rows [0, len(content)) hold the K/V of `content`,
         the tokens after the prefix whose chained hash is `parent`.
@@ -240,18 +250,30 @@ class BlockPool:
         content = tuple(content)
         self._register(block, parent, content, 0, len(content))
 
-    def register_spans(self, blocks: Iterable[tuple[KVBlock, BlockHash, int]], tokens: Sequence[int],
-                       length: int) -> None:
-        """`register_content` for each (block, parent, offset): the block's rows hold
-        tokens[offset:offset + length]. `tokens` is referenced, not copied: the caller never changes it."""
-        for block, parent, offset in blocks:
-            self._register(block, parent, tokens, offset, length)
+    def register_blocks(self, blocks: Sequence[KVBlock], hashes: Sequence[BlockHash], indices: Sequence[int],
+                        tokens: Sequence[int], block_size: int) -> None:
+        """`register_content` of each full block blocks[i], i in `indices` (ascending): its parent is
+        hashes[i - 1] (ROOT for the first), its rows hold tokens[(i - indices[0]) * block_size:][:block_size].
+        `tokens` is referenced, not copied: the caller never changes it."""
+        by_content, base = self._by_content, indices[0]
+        for i in indices:
+            block = blocks[i]
+            if block.entry is not None:
+                self._refuse_second(block)
+            offset = (i - base) * block_size
+            parent = hashes[i - 1] if i else ROOT
+            block.entry = entry = [block, parent, tokens, offset, block_size]
+            bucket = by_content.get((parent, tokens[offset]))
+            if bucket is None:
+                by_content[(parent, tokens[offset])] = [entry]
+            else:
+                bucket.append(entry)
+        self._entries += len(indices)
 
     def _register(self, block: KVBlock, parent: BlockHash, tokens: Sequence[int], offset: int, length: int) -> None:
         if block.entry is not None:
-            raise RuntimeError(f"block {block.block_id} is already findable by content; it is registered once "
-                               "between allocations")
-        block.entry = entry = _ContentEntry(block, parent, tokens, offset, length)
+            self._refuse_second(block)
+        block.entry = entry = [block, parent, tokens, offset, length]
         bucket = self._by_content.get((parent, tokens[offset]))
         if bucket is None:
             self._by_content[(parent, tokens[offset])] = [entry]
@@ -259,11 +281,16 @@ class BlockPool:
             bucket.append(entry)
         self._entries += 1
 
+    @staticmethod
+    def _refuse_second(block: KVBlock) -> None:
+        raise RuntimeError(f"block {block.block_id} is already findable by content; it is registered once "
+                           "between allocations")
+
     def _sweep_content(self) -> None:
         """Drop every dead entry (amortised: run once the dead outnumber the live)."""
         swept = {}
         for key, bucket in self._by_content.items():
-            live = [e for e in bucket if e.block.entry is e]
+            live = [e for e in bucket if e[_BLOCK].entry is e]
             if live:
                 swept[key] = live
         self._by_content = swept
@@ -278,14 +305,15 @@ class BlockPool:
             return None, 0
         best, best_len = None, 0
         for entry in self._by_content.get((parent, tokens[0]), ()):
-            if entry.block.entry is not entry:
-                continue  # its block was reused
-            held, o = entry.tokens, entry.offset
-            n, limit = 0, min(entry.length, len(tokens))
+            block = entry[_BLOCK]
+            if block.entry is not entry:
+                continue  # dead: its block was reused
+            held, o = entry[_TOKENS], entry[_OFFSET]
+            n, limit = 0, min(entry[_LENGTH], len(tokens))
             while n < limit and held[o + n] == tokens[n]:
                 n += 1
             if n >= best_len:
-                best, best_len = entry.block, n
+                best, best_len = block, n
         return best, best_len
 
     def check_invariants(self) -> None:
@@ -300,10 +328,12 @@ class BlockPool:
         filed = set()
         for (parent, first), bucket in self._by_content.items():
             for e in bucket:
-                if e.block.entry is e:  # live (a dead one is only waiting for the sweep)
-                    assert e.parent == parent and e.content[0] == first and self.blocks[e.block.block_id] is e.block, e
+                block = e[_BLOCK]
+                if block.entry is e:  # live (a dead one is only waiting for the sweep)
+                    assert e[_PARENT] == parent and _entry_content(e)[0] == first, e
+                    assert self.blocks[block.block_id] is block, e
                     filed.add(id(e))
         for b in self.blocks:
-            assert b.entry is None or (b.entry.block is b and id(b.entry) in filed), b
-        dead = sum(e.block.entry is not e for bucket in self._by_content.values() for e in bucket)
+            assert b.entry is None or (b.entry[_BLOCK] is b and id(b.entry) in filed), b
+        dead = sum(e[_BLOCK].entry is not e for bucket in self._by_content.values() for e in bucket)
         assert (self._entries - self._dead_entries, self._dead_entries) == (len(filed), dead)
