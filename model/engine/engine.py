@@ -326,7 +326,7 @@ class Engine:
             if self.scheduler.has_work:
                 raise RuntimeError("scheduler made no progress: every request waits for KV blocks")
             return StepReport(preempted=tuple(out.preempted))
-        ran = tuple((row.request, row.request.slot) for row in out.rows)
+        ran = tuple([(row.request, row.request.slot) for row in out.rows])
         if out.kv_copies:  # partial-block matches: their leading rows, before anything writes
             self.runner.copy_kv_blocks(out.kv_copies)
         for row in out.rows:
@@ -338,10 +338,11 @@ class Engine:
         if self.config.decode_snapshots and self.config.scheduler.enable_prefix_caching:
             self._track_boundary_states(out.rows)
         finished = self.scheduler.update(out, sampled)
-        slots = dict((req.request_id, slot) for req, slot in ran)
-        for req in finished:
-            self._save_boundary_state(req, slots[req.request_id])
-            self._forced.pop(req.request_id, None)
+        if finished:  # (most ticks finish nobody: no map of 50 rows' slots for them)
+            slots = {req.request_id: slot for req, slot in ran}
+            for req in finished:
+                self._save_boundary_state(req, slots[req.request_id])
+                self._forced.pop(req.request_id, None)
         self._stamp_times(out.rows, finished)
         return StepReport(tuple(out.admitted), ran, tuple(out.preempted), tuple(finished))
 
