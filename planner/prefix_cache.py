@@ -71,11 +71,15 @@ class KVLease:
         rebuilt, and returned without a copy: a decode row asks for it every token, and a copy of a
         12,000-token prompt's 750 ids per decode token was 5% of a trace simulation. Read it, do
         not change it (a release starts a new list; an append only makes an old table longer)."""
-        if self._ids_of is not self.blocks or len(self._ids) > len(self.blocks):
-            self._ids, self._ids_of = [], self.blocks
-        if len(self._ids) < len(self.blocks):
-            self._ids.extend(b.block_id for b in self.blocks[len(self._ids):])
-        return self._ids
+        ids, blocks = self._ids, self.blocks
+        if self._ids_of is blocks and len(ids) == len(blocks):
+            return ids  # (a decode row, 15 times in 16)
+        if self._ids_of is not blocks or len(ids) > len(blocks):
+            ids = self._ids = []
+            self._ids_of = blocks
+        if len(ids) < len(blocks):
+            ids.extend(b.block_id for b in blocks[len(ids):])
+        return ids
 
     @property
     def capacity(self) -> int:

@@ -231,7 +231,7 @@ class Scheduler:
         for req in holders:  # prefill chunks of requests already admitted, FIFO
             if budget <= 0:
                 break
-            if req.status is not RequestStatus.RUNNING or req.is_decoding:
+            if req.status is not running or req.prefill is None:  # (not running, or decoding)
                 continue
             plan = req.prefill.plan_next(budget, self.policy, self.context)
             if not self._grow_or_preempt(req, plan.end, preempted):

@@ -66,8 +66,9 @@ class SimulatedRunner:
 
     def forward(self, rows: Sequence[SequenceChunk]) -> BatchOutput:
         out = self.inner.forward(rows)
-        captures = sum(len(r.capture_offsets) for r in rows)
         spans = [(r.start_pos, len(r.token_ids)) for r in rows]  # a tensor's numel() was 3 us a row
+        # (a one-token row has no capture: an offset o needs 0 < o < n)
+        captures = sum([len(r.capture_offsets) for r, (_, n) in zip(rows, spans) if n > 1])
         self._spend(self.cost.forward_s(spans) + captures * self.cost.capture_s)
         self.forwards += 1
         return out

@@ -153,13 +153,13 @@ class PlaceholderRunner:
                 raise AssertionError(f"slot {row.state_slot} holds position {state.position}, row starts at {start}")
             if len(table) * bs < start + 1:
                 raise AssertionError("block table too short for the row")
-            if int(kv_hash[table[(start - 1) // bs], (start - 1) % bs]) != state.hash:
+            if kv_hash.item(table[(start - 1) // bs], (start - 1) % bs) != state.hash:  # (item: no numpy scalar)
                 self._check_prefix(table, start, state.hash)  # raises, naming what is wrong
             token = ids[0]
             h = (state.hash * _BASE + token + 1) % _MOD  # `_roll`
             b, o = table[start // bs], start % bs
             if start < row.kv_cached_len:
-                if int(kv_hash[b, o]) != h:
+                if kv_hash.item(b, o) != h:
                     raise AssertionError(f"cached KV at position {start} holds another prefix")
             else:
                 kv[b, o], kv_hash[b, o] = token, h
