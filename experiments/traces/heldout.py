@@ -254,6 +254,9 @@ def plot(rows: list[dict], config: dict, path: Path) -> Path:
         right.set_ylabel("restored / best other peer pair's")
         right.set_title("every pair: train (hollow), test (filled), test median (bar)", fontsize=10)
         right.grid(axis="y", alpha=0.3)
+        right.legend(handles=[plt.Line2D([], [], color="0.3", linestyle="none", marker=fs.eviction_marker(e), label=e)
+                              for e in sorted({p[1] for p in pairs})], title="eviction\n(colour: placement)",
+                     fontsize=7, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fs.title(fig, "Out of sample: restored tokens against the best peer pair, window by window",
              workload=f"{config['trace']} ({config['reading']} reading), windows of {config['width']:,}",
              model=config["model"], budget=", ".join(f"{b:g} GB" for b in config["budget_gb"]),
