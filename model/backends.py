@@ -68,6 +68,8 @@ _SPECS: dict[str, BackendSpec] = {
         "gated_delta_decode_step": ("kernels.gated_delta_decode", "gated_delta_decode_step"),
         "plan_ssd_scan": ("kernels.ssd_scan", "plan_ssd_scan"),
         "plan_causal_conv1d": ("kernels.causal_conv1d", "plan_causal_conv1d"),
+        "plan_gated_delta_rule": ("kernels.gated_delta_rule", "plan_gated_delta_rule"),
+        "plan_gated_delta_chunk": ("kernels.gated_delta_rule", "default_chunk_size"),
         "plan_paged_attention": ("kernels.paged_attention", "plan_from_host"),
         "plan_decode_bucket": ("kernels.paged_attention", "plan_decode_bucket"),
     }, capabilities=Capabilities(scan_chunk_from_config=True, scan_state_pool=True, conv_state_pool=True,
@@ -96,6 +98,8 @@ class Backend:
     # Per-step plans over host integers (`model.batch.StepPlanners`); None: the op reads its tensors.
     plan_ssd_scan: Callable | None = None  # (seqlens, offsets, chunk_size, tables) -> plan
     plan_causal_conv1d: Callable | None = None  # (seqlens, offsets, tables) -> plan
+    plan_gated_delta_rule: Callable | None = None  # (seqlens, offsets, chunk_size, tables) -> plan
+    plan_gated_delta_chunk: Callable | None = None  # (dtype) -> the chunk the op picks unplanned for q's dtype
     plan_paged_attention: Callable | None = None  # (q_lens, seq_lens, *, heads, head_dim, block_size, ...) -> plan
     plan_decode_bucket: Callable | None = None  # (batch, *, heads, head_dim, block_size, max_blocks, ...) -> plan
 

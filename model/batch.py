@@ -109,6 +109,7 @@ class StepPlanners:
 
     ssd_scan: Callable[[list[int], list[list[int]], IntTables], Any] | None = None  # (seqlens, offsets, tables)
     causal_conv1d: Callable[[list[int], list[list[int]], IntTables], Any] | None = None
+    gated_delta_rule: Callable[[list[int], list[list[int]], IntTables], Any] | None = None
     paged_attention: Callable[[list[int], list[int], int], Any] | None = None  # (q_lens, seq_lens, max_blocks)
 
 
@@ -137,6 +138,7 @@ class PackedBatch:
     logit_counts: list[int]  # per internal row
     ssd_plan: Any = None  # the backend's plans (None: the op plans itself)
     conv_plan: Any = None
+    delta_plan: Any = None  # the gated delta rule's chunk table (DeltaNet layers)
     buffer: torch.Tensor | None = None  # the one uploaded int32 buffer
 
 
@@ -169,17 +171,20 @@ def _logit_rows(ordered: list[SequenceChunk], cu: list[int]) -> tuple[list[int],
 
 def _kernel_plans(planners: StepPlanners, lens: list[int], num_prefill: int, captures, ordered, max_blocks: int,
                   t: "IntTables"):
-    """The backend's per-step plans (SSD scan, conv, attention) over host integers; None where it has none."""
-    ssd_plan = conv_plan = attn_plan = None
+    """The backend's per-step plans (SSD scan, conv, gated delta rule, attention) over host integers;
+    None where the backend has none or the model no layer that takes it (`HybridLM._step_planners`)."""
+    ssd_plan = conv_plan = delta_plan = attn_plan = None
     if num_prefill:
         offsets = captures if any(captures) else None
         if planners.ssd_scan is not None:
             ssd_plan = planners.ssd_scan(lens[:num_prefill], offsets, t)
         if planners.causal_conv1d is not None:
             conv_plan = planners.causal_conv1d(lens[:num_prefill], offsets, t)
+        if planners.gated_delta_rule is not None:
+            delta_plan = planners.gated_delta_rule(lens[:num_prefill], offsets, t)
     if planners.paged_attention is not None:
         attn_plan = planners.paged_attention(lens, [r.end_pos for r in ordered], max_blocks)
-    return ssd_plan, conv_plan, attn_plan
+    return ssd_plan, conv_plan, delta_plan, attn_plan
 
 
 def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device,
@@ -205,7 +210,8 @@ def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device,
     decode_slots = t.add([r.state_slot for r in ordered[num_prefill:]])
     block_tables = t.add_host_tensor(tables)
     seq_lens, cu_q, logit_idx = t.add([r.end_pos for r in ordered]), t.add(cu), t.add(logit_index)
-    ssd_plan, conv_plan, attn_plan = _kernel_plans(planners, lens, num_prefill, captures, ordered, max_blocks, t)
+    ssd_plan, conv_plan, delta_plan, attn_plan = _kernel_plans(planners, lens, num_prefill, captures, ordered,
+                                                               max_blocks, t)
     token_ids = t.add_host_tensor(torch.cat([r.token_ids.reshape(-1) for r in ordered]))
     pos_t = t.add_host_tensor(torch.cat(positions))
     slot_t = t.add_host_tensor(torch.cat(slot_mapping))
@@ -217,5 +223,6 @@ def pack_rows(rows: list[SequenceChunk], block_size: int, device: torch.device,
         capture_offsets=captures if any(captures) else None, decode_slots=decode_slots.t,
         attention=PagedAttentionInputs(slot_mapping=slot_t.t, block_tables=block_tables.t, seq_lens=seq_lens.t,
                                        cu_seqlens_q=cu_q.t, plan=attn_plan),
-        logit_index=logit_idx.t, logit_counts=counts, ssd_plan=ssd_plan, conv_plan=conv_plan, buffer=buffer,
+        logit_index=logit_idx.t, logit_counts=counts, ssd_plan=ssd_plan, conv_plan=conv_plan,
+        delta_plan=delta_plan, buffer=buffer,
     )

@@ -93,11 +93,13 @@ class GatedDeltaNet(nn.Module):
 
     # paths -----------------------------------------------------------------------------------------
     def forward(self, hidden: torch.Tensor, ops, *, cu_seqlens: torch.Tensor, initial: MixerStates | None = None,
-                capture_offsets: list[list[int]] | None = None, conv_plan=None):
+                capture_offsets: list[list[int]] | None = None, conv_plan=None, delta_plan=None):
         """Packed sequences (T, hidden) -> (out (T, hidden), final MixerStates (S, ...), captured MixerStates (K, ...)).
 
         `initial` None: every sequence starts from zero state; else gathered (S, ...) conv and
-        delta-rule states. Captured states are packed by sequence, then offset."""
+        delta-rule states. Captured states are packed by sequence, then offset. `conv_plan` and
+        `delta_plan`: the step's plans for these lengths (a model step's, `model.batch`); None: each op
+        reads `cu_seqlens` on the host itself (one sync a layer)."""
         mixed, z, b, a = self._project(hidden)
         conv = {} if conv_plan is None else {"plan": conv_plan}
         mixed, conv_final, conv_captured = ops.causal_conv1d(
@@ -106,7 +108,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v, g, beta = self._rule_inputs(mixed, b, a)
         o, final, captured = ops.gated_delta_rule(
             q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_states=None if initial is None else initial.ssm,
-            capture_offsets=capture_offsets)
+            capture_offsets=capture_offsets, **({} if delta_plan is None else {"plan": delta_plan}))
         return self._output(o, z), MixerStates(conv_final, final), MixerStates(conv_captured, captured)
 
     def forward_decode(self, hidden: torch.Tensor, ops, *, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,

@@ -240,21 +240,27 @@ class HybridLM(nn.Module):
         """The backend's kernel plans for one step, over the step's host integers (once per step,
         shared by every layer)."""
         ops, cfg = self.ops, self.config
-        ssd = conv = attn = None
-        if ops.plan_ssd_scan is not None:
+        ssd = conv = delta = attn = None
+        if ops.plan_ssd_scan is not None and cfg.mamba_layer_indices:
             chunk = cfg.mamba_chunk_size if ops.capabilities.scan_chunk_from_config else None
 
             def ssd(seqlens, offsets, tables):
                 return ops.plan_ssd_scan(seqlens, offsets, chunk, tables)
         if ops.plan_causal_conv1d is not None:
             conv = ops.plan_causal_conv1d
+        if ops.plan_gated_delta_rule is not None and cfg.linear_attn_layer_indices:
+            # the chunk the op picks itself for the mixer's q, in the model's dtype (fp32: 32, else 64)
+            delta_chunk = ops.plan_gated_delta_chunk(self.dtype)
+
+            def delta(seqlens, offsets, tables):
+                return ops.plan_gated_delta_rule(seqlens, offsets, delta_chunk, tables)
         if ops.plan_paged_attention is not None and cfg.attn_layer_indices:
             def attn(q_lens, seq_lens, max_blocks):
                 return ops.plan_paged_attention(
                     q_lens, seq_lens, num_q_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
                     head_dim=cfg.head_dim, block_size=cache.block_size, max_blocks=max_blocks, dtype=self.dtype,
                     device=self.device, scale=cfg.softmax_scale)
-        return StepPlanners(ssd, conv, attn)
+        return StepPlanners(ssd_scan=ssd, causal_conv1d=conv, gated_delta_rule=delta, paged_attention=attn)
 
     def _mamba_rows(self, i: int, mixer: Mamba2Mixer, x: torch.Tensor, batch, cache: ModelCache,
                     captured: dict[int, MixerStates]) -> torch.Tensor:
@@ -300,7 +306,8 @@ class HybridLM(nn.Module):
             slots = batch.prefill_slots
             initial = None if batch.prefill_all_fresh else MixerStates(conv_pool[slots], ssm_pool[slots])
             y, final, caps = mixer(x[:Tp], self.ops, cu_seqlens=batch.prefill_cu_seqlens, initial=initial,
-                                   capture_offsets=batch.capture_offsets, conv_plan=batch.conv_plan)
+                                   capture_offsets=batch.capture_offsets, conv_plan=batch.conv_plan,
+                                   delta_plan=batch.delta_plan)
             conv_pool[slots] = final.conv.to(conv_pool.dtype)
             ssm_pool[slots] = final.ssm
             captured[i] = caps
