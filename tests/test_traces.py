@@ -329,9 +329,12 @@ def test_a_killed_shard_resumes_with_the_points_it_finished(tmp_path):
     assert measured == [0, 1, 2, "resumed", 3, 4] and part["done"] == [0, 1, 2, 3, 4]
     assert [r["y"] for r in part["rows"]] == [0, 10, 20, 30, 40]
     measured.clear()
-    sweep_parts.run_shard(tmp_path, "s", points, {"c": 2}, (0, 1), lambda i, p: measured.append(i) or [], tag=dict,
-                          resume=True)
-    assert measured == [0, 1, 2, 3, 4]  # another definition: its part is stale, nothing is kept
+    with pytest.raises(sweep_parts.IncompleteSweep, match=r"s\.part0of1\.json\.gz holds another study"):
+        sweep_parts.run_shard(tmp_path, "s", points, {"c": 2}, (0, 1), lambda i, p: measured.append(i) or [],
+                              tag=dict, resume=True)  # a resume into another definition's folder: refused
+    assert measured == [] and len(sweep_parts.part_files(tmp_path, "s")) == 1
+    sweep_parts.run_shard(tmp_path, "s", points, {"c": 2}, (0, 1), lambda i, p: measured.append(i) or [], tag=dict)
+    assert measured == [0, 1, 2, 3, 4]  # a rerun without --resume: the stale part replaced, nothing kept
 
 
 def test_shadow_best_with_one_candidate_is_that_candidate(tmp_path, monkeypatch):

@@ -10,10 +10,14 @@ every point of the list was measured by exactly one shard, and writes `<name>.cs
 record); figures are plotted from that CSV. Parts are gzip'd (`experiments.common.compact`: they
 carry the per-request data, 3-5x smaller); plain `.json` parts of older runs read the same.
 
-`run_shard` is the one measuring loop (the ablations' points, the multi-turn configurations):
-it measures this shard's points, records a point whose `measure` raises `PointFailed` as failed,
-and rewrites the part after every point. Any launcher can split a sweep: run `--shard 0/4` ..
-`--shard 3/4` anywhere, copy the parts into one folder, run `--merge`.
+The part is the store of `experiments.common.sweep` (the one sweep/resume mechanism) for sweeps
+whose rows carry per-request data (the traces sweep, the ablations' points, the multi-turn
+configurations): `run_shard` takes the shard's pending points from `sweep.pending`, measures them
+through an executor (`sweep.inline` by default), records a point whose `measure` raises
+`PointFailed` as failed, and rewrites the part after every point. A resume into a folder whose
+parts of this sweep come from another definition or split is refused before any point runs.
+Any launcher can split a sweep: run `--shard 0/4` .. `--shard 3/4` anywhere, copy the parts into
+one folder, run `--merge`.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from experiments.common import compact
+from experiments.common import compact, sweep
 from experiments.common.inputs import InputError, read_json
-from experiments.common.results_io import environment, log, read_csv, shard, write_csv, write_json
+from experiments.common.results_io import environment, log, read_csv, write_csv, write_json
+from experiments.common.sweep import PointFailed  # noqa: F401 (the studies raise it as sweep_parts.PointFailed)
 
 
 def fingerprint(points: Sequence[dict], config: dict) -> str:
@@ -48,19 +53,18 @@ def part_files(out: Path, name: str) -> list[Path]:
     return sorted({*folder.glob(f"{name}.part*of*.json"), *folder.glob(f"{name}.part*of*.json.gz")})
 
 
-def clear_stale_parts(out: Path, name: str, shard: tuple[int, int], fp: str) -> list[Path]:
-    """Delete this sweep's parts that belong to another split or another definition (a rerun
-    replaces them); parts of the same split and definition (other shards of this run) stay."""
-    removed = []
+def stale_parts(out: Path, name: str, shard: tuple[int, int], fp: str) -> list[Path]:
+    """This sweep's parts that belong to another split or another definition; parts of the same
+    split and definition (other shards of this run) are not stale."""
+    stale = []
     for path in part_files(out, name):
         try:
             part = json.loads(compact.read_text(path))
         except (ValueError, EOFError, OSError, zlib.error):  # empty or cut (killed mid-write before atomic writes): stale
             part = {}
         if not isinstance(part, dict) or part.get("fingerprint") != fp or part.get("shard", [None, None])[1] != shard[1]:
-            path.unlink()
-            removed.append(path)
-    return removed
+            stale.append(path)
+    return stale
 
 
 def write_part(out: Path, name: str, shard: tuple[int, int], fp: str, points: Sequence[dict], config: dict,
@@ -74,45 +78,53 @@ class IncompleteSweep(InputError):
     """The parts in a folder do not make one whole sweep (an `InputError`: a `--merge` names it in one usage line)."""
 
 
-class PointFailed(AssertionError):
-    """A point whose result failed its correctness check: recorded as failed, its rows never written."""
+def refuse_stale(out: Path, name: str, points: Sequence[dict], config: dict, spec: tuple[int, int]) -> None:
+    """A resume continues only the same sweep and split: an `IncompleteSweep` (one line naming a part)
+    when `out` holds parts of this sweep from another definition or split. A study calls it in its
+    check, before any work."""
+    stale = stale_parts(out, name, spec, fingerprint(points, config))
+    if stale:
+        raise IncompleteSweep(f"{stale[0]} holds another study: a part of another definition or split of sweep "
+                              f"{name!r} ({len(stale)} such part(s)); --resume continues only the same sweep and "
+                              "split (rerun without it to replace them)")
 
 
 def run_shard(out: Path, name: str, points: Sequence[dict], config: dict, spec: tuple[int, int],
               measure: Callable[[int, dict], list[dict]], tag: Callable[[dict], dict], device: str = "cpu",
-              resume: bool = False) -> dict:
+              resume: bool = False, executor=sweep.inline) -> dict:
     """Measure the points of shard `spec` (index % n == i) with `measure(index, point) -> rows`.
 
-    Stale parts of this sweep (another split or definition) are removed first; the part is
-    rewritten after every point, so a killed shard keeps what it finished. A `PointFailed` is
-    logged and recorded as `{"point": index, **tag(point), "error": ...}`. `resume`: keep the
-    rows of this shard's part of the same definition and measure only the points it lacks (a
-    killed shard restarted; without it a rerun measures everything again). Returns the part."""
+    Stale parts of this sweep (another split or definition) are removed first (a rerun replaces
+    them); with `resume` they are refused instead (an `IncompleteSweep` naming them, before any
+    point runs), and the rows of this shard's part are kept, only the points it lacks measured (a
+    killed shard restarted). The part is rewritten after every point, so a killed shard keeps
+    what it finished. A `PointFailed` is logged and recorded as `{"point": index, **tag(point),
+    "error": ...}`. Returns the part."""
     fp = fingerprint(points, config)
-    for stale in clear_stale_parts(out, name, spec, fp):
-        log(f"removed stale part {stale}")
+    if resume:
+        refuse_stale(out, name, points, config, spec)
+    for path in stale_parts(out, name, spec, fp):
+        path.unlink()
+        log(f"removed stale part {path}")
     # the 1-minute load average beside the timings: other jobs on the same cores inflate them
     env = environment(device) | {"loadavg_1m_start": os.getloadavg()[0]}
     rows, done, failed = [], [], []
     path = compact.locate(part_path(out, name, spec))  # a plain part of an older run resumes too
-    if resume and path.exists():  # clear_stale_parts kept it: same split, same definition
+    if resume and path.exists():  # not stale: same split, same definition
         part = json.loads(compact.read_text(path))
         rows, done = part["rows"], part["done"]
         log(f"resuming {path}: {len(done)} points kept")
     t0 = time.perf_counter()
-    for idx, p in shard(list(enumerate(points)), spec):
-        if idx in done:
-            continue
-        try:
-            new = measure(idx, p)
-        except PointFailed as e:
-            log(f"  POINT FAILED, not reported: {e}")
-            failed.append({"point": idx, **tag(p), "error": str(e)})
-        else:
-            rows.extend(new)
-            done.append(idx)
-        env["loadavg_1m_end"] = os.getloadavg()[0]
-        write_part(out, name, spec, fp, points, config, env, rows, done, failed)
+    with executor(measure, sweep.pending(points, spec, set(done))) as results:
+        for idx, p, new in results:
+            if isinstance(new, PointFailed):
+                log(f"  POINT FAILED, not reported: {new}")
+                failed.append({"point": idx, **tag(p), "error": str(new)})
+            else:
+                rows.extend(new)
+                done.append(idx)
+            env["loadavg_1m_end"] = os.getloadavg()[0]
+            write_part(out, name, spec, fp, points, config, env, rows, done, failed)
     log(f"{name}: shard {spec[0]}/{spec[1]} done in {time.perf_counter() - t0:.0f} s "
         f"({len(done)} points, {len(failed)} failed)")
     return {"rows": rows, "done": done, "failed": failed}

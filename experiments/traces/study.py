@@ -254,6 +254,12 @@ class Traces(Study):
         check_args(ctx.ap, args)
         if not ctx.reading:
             check_requests(args, self.readings(args), config_of(args))
+        if args.resume and args.out is not None and args.out.is_dir():  # another run's parts: refused before any work
+            points = points_for(args.trace, self.readings(args), args.policy, args.budget_gb)
+            try:
+                sweep_parts.refuse_stale(args.out, NAME, points, config_of(args), args.shard or (0, 1))
+            except sweep_parts.IncompleteSweep as err:
+                ctx.error(f"argument --resume: {err}")
 
     def readings(self, args) -> list[str]:
         return args.reading or [default_reading(args.trace)]

@@ -2,20 +2,18 @@
 
 A point is `{"trace", "reading", "policy", "budget_gb"}` (budget None: unbounded). `run_points`
 measures the points of one shard and writes its part; `run_on_ray` runs shards 0..n-1 as Ray tasks
-(each writes its own part, as a `--shard i/n` process would; a cluster needs `out` on a shared
-file system; its `ray_session` and `ray_as_completed` serve the factorial too); `summarize` turns
+(`experiments.common.sweep.ray_tasks`; each writes its own part, as a `--shard i/n` process would;
+a cluster needs `out` on a shared file system); `summarize` turns
 the merged rows into the command's `summary.json`. Requests are read once per (trace, reading)
 per process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from experiments.common.inputs import InputError
 from experiments.traces.oracle import optimum_marks, optimum_matches, optimum_uses
 from experiments.traces.simulate import SimConfig, simulate
 from experiments.workloads import MooncakeTrace, open_workload
@@ -122,53 +120,19 @@ def run_points(out: Path, points: list[dict], config: dict, spec: tuple[int, int
 
 def run_on_ray(out: Path, points: list[dict], config: dict, tasks: int, address: str | None = None,
                num_cpus: int | None = None) -> list[int]:
-    """Shards 0..tasks-1 as Ray tasks (one CPU each) on a local Ray (`address` None: `ray.init()`
-    here, with `num_cpus` if given) or the cluster at `address`; returns the shards done."""
-    with ray_session(address, num_cpus):
-        return sorted(ray_as_completed(_ray_shard, [(str(out), points, config, (i, tasks)) for i in range(tasks)]))
+    """Shards 0..tasks-1 as Ray tasks (`experiments.common.sweep.ray_tasks`: one CPU each) on a local
+    Ray (`address` None, `num_cpus` if given) or the cluster at `address`; returns the shards done."""
+    from experiments.common import sweep
+
+    shards = [(i, {"shard": [i, tasks]}) for i in range(tasks)]
+    with sweep.ray_tasks(address, num_cpus, label=lambda s: f"shard {s['shard'][0]}/{tasks}")(
+            functools.partial(_ray_shard, str(out), points, config), shards) as results:
+        return sorted(i for i, _, _ in results)
 
 
-@contextlib.contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator:
-    """Ray, initialised here and shut down after (unless the caller already did): a local Ray with
-    `num_cpus` (None: all), or the cluster at `address`. Workers import this repository through
-    PYTHONPATH, so every node needs it at the same path."""
-    try:
-        import ray
-    except ImportError as err:
-        raise ModuleNotFoundError("--ray needs the optional extra 'sweeps': pip install -e '.[sweeps]'") from err
-    root = str(Path(__file__).resolve().parents[2])
-    started = not ray.is_initialized()
-    if started:  # "local": a fresh Ray even beside a `ray start` cluster, which num_cpus could not resize
-        target = "local" if address is None and num_cpus is not None else address
-        try:
-            ray.init(address=target, num_cpus=num_cpus if address is None else None, include_dashboard=False,
-                     log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": root, "OMP_NUM_THREADS": "1"}})
-        except ConnectionError as err:  # a wrong address, or a token-auth cluster joined without the token
-            raise InputError(f"--ray-address {address}: {err} (is it up? `ray status`; a cluster started with "
-                             "token auth needs RAY_AUTH_MODE=token here too)") from None
-    try:
-        yield ray
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def ray_as_completed(fn, arg_tuples: Sequence[tuple]) -> Iterator:
-    """`fn(*args)` for each tuple as a Ray task (one CPU), inside `ray_session`; the results in the
-    order they finish (`ray.wait`), so the driver can write each as it comes."""
-    import ray
-
-    task = ray.remote(num_cpus=1)(fn)
-    pending = [task.remote(*args) for args in arg_tuples]
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        yield ray.get(done[0])
-
-
-def _ray_shard(out: str, points: list[dict], config: dict, spec: tuple[int, int]) -> int:
-    run_points(Path(out), points, config, tuple(spec))
-    return spec[0]
+def _ray_shard(out: str, points: list[dict], config: dict, i: int, job: dict) -> int:
+    run_points(Path(out), points, config, tuple(job["shard"]))
+    return i
 
 
 def summarize(rows: list[dict], config: dict, environment: dict, cost: dict) -> dict:
