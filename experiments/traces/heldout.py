@@ -224,12 +224,14 @@ def plot(rows: list[dict], config: dict, path: Path) -> Path:
             for split, fill in (("train", "none"), ("test", None), ("whole", None)):
                 pts = sorted((r["start"] + r["limit"] / 2, r["ratio_to_best_peer"]) for r in cell
                              if (r["policy"], r["eviction"]) == pair and r["split"] == split)
+                # colour: the placement; marker and line style: the eviction (two judged pairs may share a placement)
                 if pts and split == "whole":
-                    left.axhline(pts[0][1], color=fs.color(pair[0]), linestyle="--", linewidth=1.2,
+                    left.axhline(pts[0][1], color=fs.color(pair[0]), linewidth=1.2,
+                                 linestyle=fs.EVICTION_STYLES.get(pair[1], {}).get("linestyle", "--"),
                                  label=f"{pair_text(pair)}, whole trace")
                 elif pts:
-                    left.plot(*zip(*pts), linestyle="none", color=fs.color(pair[0]), marker=fs.marker(pair[0]),
-                              ms=11, mfc=fill, label=f"{pair_text(pair)}, {split} windows")
+                    left.plot(*zip(*pts), linestyle="none", color=fs.color(pair[0]), marker=fs.eviction_marker(pair[1]),
+                              ms=10, mfc=fill, label=f"{pair_text(pair)}, {split} windows")
         for w in config["windows"]:
             if w["split"] == "train":  # where the constants were chosen, shaded
                 left.axvspan(w["start"], w["start"] + w["limit"], color="0.85", zorder=0)
@@ -238,7 +240,7 @@ def plot(rows: list[dict], config: dict, path: Path) -> Path:
         left.set_ylabel("restored / best peer pair's")
         left.set_title(f"device {b:g} GB, {tier_text(h)}: per window", fontsize=10)
         left.grid(alpha=0.3)
-        left.legend(fontsize=7, loc="best")
+        left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
         pairs = sorted({(r["policy"], r["eviction"]) for r in cell}, key=lambda p: (p not in config["ours_pairs"], p))
         for i, pair in enumerate(pairs):
             for split, fill, dx in (("train", "none", -0.15), ("test", None, 0.1)):
