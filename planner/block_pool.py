@@ -16,14 +16,6 @@ written rows hold (`register_content`), full or partial. They are indexed by (pa
 token), so a lookup compares tokens with the few blocks that begin the same way under the same
 parent (exact, no second hash): one entry per block, where hashing every unit-long prefix would
 take block/unit entries (16 at unit 1). Reusing the block drops the entry.
-
-What the index costs until a lookup reads it: a full block registered at publication
-(`register_blocks`) keeps a reference to the tokens its publisher already holds (one slice per
-publication, shared by its blocks), not a tuple of its own; reusing the block only marks its
-entry dead (the bucket keeps it until the dead outnumber the live, then every bucket is swept
-once). On the whole Mooncake conversation trace (ours-plus, token-granular) 7.3 M blocks were
-registered and 7.0 M unregistered, each through a tuple, a key and a one-entry dict made and
-dropped, for ~13 K lookups.
 """
 
 from __future__ import annotations
@@ -76,17 +68,6 @@ def hash_full_blocks(token_ids: Sequence[int], block_size: int) -> list[BlockHas
     return extend_block_hashes([], token_ids, block_size)
 
 
-# A block findable by content, as a list (made 7.3 M times on a whole trace: a list is the cheapest
-# mutable record): [block, parent hash, tokens, offset, length], its rows holding
-# tokens[offset:offset + length] (a sequence the publisher shares with its other blocks: nothing is
-# copied until a lookup compares them).
-_BLOCK, _PARENT, _TOKENS, _OFFSET, _LENGTH = range(5)
-
-
-def _entry_content(entry: list) -> tuple[int, ...]:
-    return tuple(entry[_TOKENS][entry[_OFFSET]:entry[_OFFSET] + entry[_LENGTH]])
-
-
 @dataclasses.dataclass(eq=False)
 class KVBlock:
     """One paged-KV block: its id (its row range in the KV cache tensors), how many leases hold it,
@@ -95,26 +76,9 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None  # set once the block is full and published
-    # Findable by content (`BlockPool.register_content`): its live index entry (None: not findable).
-    entry: list | None = dataclasses.field(default=None, repr=False)
-
-    @property
-    def parent(self) -> BlockHash | None:
-        """The chained hash of the prefix before it, while findable by content."""
-        return None if self.entry is None else self.entry[_PARENT]
-
-    @parent.setter
-    def parent(self, value: BlockHash) -> None:  # (tests spoil an entry through it)
-        self.entry[_PARENT] = value
-
-    @property
-    def content(self) -> tuple[int, ...]:
-        """The tokens its written rows hold, while findable by content (else ())."""
-        return () if self.entry is None else _entry_content(self.entry)
-
-    @content.setter
-    def content(self, value: Sequence[int]) -> None:  # (tests spoil an entry through it)
-        self.entry[_TOKENS:] = [tuple(value), 0, len(value)]
+    # Findable by content (`BlockPool.register_content`): its parent's hash and its written rows' tokens.
+    parent: BlockHash | None = None
+    content: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
@@ -143,10 +107,8 @@ class BlockPool:
         # block_id -> block, oldest-freed first; OrderedDict gives O(1) pop-front, append, remove.
         self._free: collections.OrderedDict[int, KVBlock] = collections.OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
-        # (parent hash, first token) -> entries of blocks findable by content, oldest first; an entry
-        # whose block has moved on (`block.entry is not entry`) is dead and skipped (module docstring)
-        self._by_content: dict[tuple[BlockHash, int], list[list]] = {}
-        self._entries = self._dead_entries = 0  # entries in the buckets, and of them the dead
+        # (parent hash, first token) -> {block_id: block} of blocks findable by content
+        self._by_content: dict[tuple[BlockHash, int], dict[int, KVBlock]] = {}
         self.stats = BlockPoolStats()
 
     @property
@@ -181,14 +143,11 @@ class BlockPool:
                 del self._cached[block.block_hash]
                 block.block_hash = None
                 self.stats.evicted += 1
-            if block.entry is not None:  # no longer findable by content: its entry is dead
-                block.entry = None
-                self._dead_entries += 1
+            if block.content:
+                self._unregister_content(block)
             block.ref_cnt = 1
             out.append(block)
         self.stats.allocated += n
-        if self._dead_entries > max(self._entries - self._dead_entries, 4096):
-            self._sweep_content()
         return out
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
@@ -223,20 +182,6 @@ class BlockPool:
         self._cached[block_hash] = block
         return True
 
-    def publish_blocks(self, blocks: Sequence[KVBlock], hashes: Sequence[BlockHash], first: int, end: int) -> list[int]:
-        """`publish` of blocks[i] under hashes[i] for i in [first, end), in order (one call a chunk, not
-        one a block); returns the indices it published."""
-        cached, out = self._cached, []
-        for i in range(first, end):
-            block, block_hash = blocks[i], hashes[i]
-            if block.ref_cnt <= 0:
-                raise RuntimeError(f"publishing block {block.block_id}, which nobody holds")
-            if block.block_hash is None and block_hash not in cached:
-                block.block_hash = block_hash
-                cached[block_hash] = block
-                out.append(i)
-        return out
-
     def register_content(self, block: KVBlock, parent: BlockHash, content: Sequence[int]) -> None:
         """Make `block` findable by content: its rows [0, len(content)) hold the K/V of `content`,
         the tokens after the prefix whose chained hash is `parent`.
@@ -247,55 +192,20 @@ class BlockPool:
         a prefix it no longer holds), so it raises."""
         if not content:
             return
+        if block.content:
+            raise RuntimeError(f"block {block.block_id} is already findable by content; it is registered once "
+                               "between allocations")
         content = tuple(content)
-        self._register(block, parent, content, 0, len(content))
+        block.parent, block.content = parent, content
+        self._by_content.setdefault((parent, content[0]), {})[block.block_id] = block
 
-    def register_blocks(self, blocks: Sequence[KVBlock], hashes: Sequence[BlockHash], indices: Sequence[int],
-                        tokens: Sequence[int], block_size: int) -> None:
-        """`register_content` of each full block blocks[i], i in `indices` (ascending): its parent is
-        hashes[i - 1] (ROOT for the first), its rows hold tokens[(i - indices[0]) * block_size:][:block_size].
-        `tokens` is referenced, not copied: the caller never changes it."""
-        by_content, base = self._by_content, indices[0]
-        for i in indices:
-            block = blocks[i]
-            if block.entry is not None:
-                self._refuse_second(block)
-            offset = (i - base) * block_size
-            parent = hashes[i - 1] if i else ROOT
-            block.entry = entry = [block, parent, tokens, offset, block_size]
-            bucket = by_content.get((parent, tokens[offset]))
-            if bucket is None:
-                by_content[(parent, tokens[offset])] = [entry]
-            else:
-                bucket.append(entry)
-        self._entries += len(indices)
-
-    def _register(self, block: KVBlock, parent: BlockHash, tokens: Sequence[int], offset: int, length: int) -> None:
-        if block.entry is not None:
-            self._refuse_second(block)
-        block.entry = entry = [block, parent, tokens, offset, length]
-        bucket = self._by_content.get((parent, tokens[offset]))
-        if bucket is None:
-            self._by_content[(parent, tokens[offset])] = [entry]
-        else:
-            bucket.append(entry)
-        self._entries += 1
-
-    @staticmethod
-    def _refuse_second(block: KVBlock) -> None:
-        raise RuntimeError(f"block {block.block_id} is already findable by content; it is registered once "
-                           "between allocations")
-
-    def _sweep_content(self) -> None:
-        """Drop every dead entry (amortised: run once the dead outnumber the live)."""
-        swept = {}
-        for key, bucket in self._by_content.items():
-            live = [e for e in bucket if e[_BLOCK].entry is e]
-            if live:
-                swept[key] = live
-        self._by_content = swept
-        self._entries -= self._dead_entries
-        self._dead_entries = 0
+    def _unregister_content(self, block: KVBlock) -> None:
+        key = (block.parent, block.content[0])
+        bucket = self._by_content[key]
+        del bucket[block.block_id]
+        if not bucket:
+            del self._by_content[key]
+        block.parent, block.content = None, ()
 
     def longest_content_match(self, parent: BlockHash, tokens: Sequence[int]) -> tuple[KVBlock | None, int]:
         """The block registered under `parent` whose content shares the longest prefix with
@@ -304,13 +214,9 @@ class BlockPool:
         if not tokens:
             return None, 0
         best, best_len = None, 0
-        for entry in self._by_content.get((parent, tokens[0]), ()):
-            block = entry[_BLOCK]
-            if block.entry is not entry:
-                continue  # dead: its block was reused
-            held, o = entry[_TOKENS], entry[_OFFSET]
-            n, limit = 0, min(entry[_LENGTH], len(tokens))
-            while n < limit and held[o + n] == tokens[n]:
+        for block in (self._by_content.get((parent, tokens[0])) or {}).values():
+            n, limit = 0, min(len(block.content), len(tokens))
+            while n < limit and block.content[n] == tokens[n]:
                 n += 1
             if n >= best_len:
                 best, best_len = block, n
@@ -325,15 +231,5 @@ class BlockPool:
             if b.block_hash is not None:
                 assert self._cached.get(b.block_hash) is b, b
         assert all(b.block_hash == h for h, b in self._cached.items())
-        filed = set()
         for (parent, first), bucket in self._by_content.items():
-            for e in bucket:
-                block = e[_BLOCK]
-                if block.entry is e:  # live (a dead one is only waiting for the sweep)
-                    assert e[_PARENT] == parent and _entry_content(e)[0] == first, e
-                    assert self.blocks[block.block_id] is block, e
-                    filed.add(id(e))
-        for b in self.blocks:
-            assert b.entry is None or (b.entry[_BLOCK] is b and id(b.entry) in filed), b
-        dead = sum(e[_BLOCK].entry is not e for bucket in self._by_content.values() for e in bucket)
-        assert (self._entries - self._dead_entries, self._dead_entries) == (len(filed), dead)
+            assert all(b.parent == parent and b.content[0] == first and self.blocks[i] is b for i, b in bucket.items())

@@ -207,9 +207,10 @@ class PrefixCache:
             return  # nothing new is full (a decode row, 15 times in 16 at block 16)
         bs, first = self.block_size, lease.num_published_blocks
         full = min(lease.num_computed_tokens // bs, len(block_hashes), len(lease.blocks))
-        new = self.pool.publish_blocks(lease.blocks, block_hashes, first, full)
-        if new and self.token_granular and tokens is not None:  # one slice of their tokens, shared by them
-            self.pool.register_blocks(lease.blocks, block_hashes, new, tokens(new[0] * bs, (new[-1] + 1) * bs), bs)
+        for i in range(first, full):
+            if self.pool.publish(lease.blocks[i], block_hashes[i]) and self.token_granular and tokens is not None:
+                self.pool.register_content(lease.blocks[i], _parent(block_hashes, i),
+                                           tokens(i * self.block_size, (i + 1) * self.block_size))
         lease.num_published_blocks = max(lease.num_published_blocks, full)
 
     def release(self, lease: KVLease) -> None:

@@ -361,7 +361,7 @@ def test_check_invariants_catches_a_misfiled_content_entry(spoil):
     elif spoil == "first token":
         a.content = (7, 6)
     else:
-        pool._by_content[(ROOT, 5)][0][0] = b
+        pool._by_content[(ROOT, 5)] = {b.block_id: a}
     with pytest.raises(AssertionError):
         pool.check_invariants()
 
