@@ -399,6 +399,10 @@ def test_cpu_time_warm_floor_and_machine_are_reported():
     assert "| warm_restore | ours | 1.00 s | 15 ms |" in text
     assert "one decode step at the warm prompt's context, from the greedy continuation, 100 ms; warm TTFT" in text
     assert "CPU time" not in rep.report(rep.shape(_raw()))  # records from before: no CPU-time section
+    assert "decided at start-up from the capabilities and a probe): `{" in text  # none overridden
+    raw["environment"]["cpu_routes"]["overridden"] = ["allocator", "fp32_matmul"]
+    assert ("decided at start-up from the capabilities and a probe; set by `KERNELS_CPU_ROUTES`: allocator, "
+            "fp32_matmul): `{'fp32_matmul': 'onednn'}`") in rep.report(rep.shape(raw))
 
 
 def test_command_line_names_every_flag_the_run_was_given_and_only_its_scenarios():

@@ -576,13 +576,16 @@ def _machine_lines(env: dict) -> list[str]:
     """The CPU and our CPU routes (`experiments.common.machine`, `kernels.torch_cpu.capability`);
     none for records written before they were recorded."""
     m, routes = env.get("machine"), (env.get("cpu_routes") or {}).get("routes")
+    overridden = (env.get("cpu_routes") or {}).get("overridden") or []
     if not m:
         return []
     line = (f"Machine: {m.get('cpu_model')} ({m.get('cpu_vendor')}), {m.get('cores')} cores; ISA "
             f"{', '.join(k for k, v in (m.get('isa') or {}).items() if v) or '-'}; oneDNN {m.get('onednn')}, "
             f"MKL {m.get('mkl')}, torch CPU capability {m.get('torch_cpu_capability')}.  ")
     if routes:
-        line += f"\nOur CPU routes (decided at start-up from the capabilities and a probe): `{routes}`.  "
+        how = "decided at start-up from the capabilities and a probe" + (
+            f"; set by `KERNELS_CPU_ROUTES`: {', '.join(overridden)}" if overridden else "")
+        line += f"\nOur CPU routes ({how}): `{routes}`.  "
     return [line]
 
 
