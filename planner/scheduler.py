@@ -182,7 +182,8 @@ class Scheduler:
         self.snapshots = snapshots if snapshots is not None else SnapshotStore(config.block_size)
         self.policy = config.policy
         self.context = dataclasses.replace(config.plan_context,
-                                           snapshot_memory_bounded=self.snapshots.byte_budget is not None)
+                                           snapshot_memory_bounded=self.snapshots.byte_budget is not None,
+                                           snapshot_stats=self.snapshots.stats)  # live: ours-adaptive reads it
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.free_slots = list(range(config.max_batch_size - 1, -1, -1))  # pop() gives slot 0 first

@@ -60,6 +60,7 @@ def table(padded: int, kernel: int) -> dict:
         "marconi": (16, 0, True, 0, "flop_aware"),  # kv, grid "block"
         "ollama": (16, 0, True, 0, "lru"),  # kv, grid "block"
         "ours-plus": (16, 0, True, 1, "shadow_best"),  # grid "exact" on its token unit
+        "ours-adaptive": (16, 0, True, 1, "shadow_best"),  # ours-plus's engine defaults
         "optimum": (16, 0, True, 0, "lru"),
     }
 
@@ -68,7 +69,7 @@ def expected(policy: str, padded: int, kernel: int) -> dict:
     block, state, decode, grid, eviction = table(padded, kernel)[policy]
     return {"policy": policy, "block_size": block, "state_block": state, "kernel_chunk": kernel,
             "decode_snapshots": decode, "decode_snapshot_grid": grid,
-            "prefix_match_unit": 1 if policy == "ours-plus" else 0, "eviction": eviction,
+            "prefix_match_unit": 1 if policy in ("ours-plus", "ours-adaptive") else 0, "eviction": eviction,
             "snapshot_dtype": "float32"}  # no policy sets it (model.engine.settings rule 3)
 
 

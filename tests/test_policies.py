@@ -24,10 +24,11 @@ ENGINE_DEFAULTS = {  # name: (kv_block, decode_grid, eviction, needs_oracle)
     "marconi": ("kv", "block", "flop_aware", False),
     "ollama": ("kv", "block", "lru", False),
     "ours-plus": ("kv", "exact", "shadow_best", False),
+    "ours-adaptive": ("kv", "exact", "shadow_best", False),
     "optimum": ("kv", "block", "lru", True),
 }
 MARK_MODES = {"vllm-junction": "stop", "trtllm": "stop", "marconi": "stop", "ollama": "stop", "sglang": "capture",
-              "ours-plus": "capture", "optimum": "capture", "legacy": "stop", "aligned": "stop", "vllm-align": "stop"}
+              "ours-plus": "capture", "ours-adaptive": "capture", "optimum": "capture", "legacy": "stop", "aligned": "stop", "vllm-align": "stop"}
 
 
 @pytest.mark.parametrize("name", sorted(ENGINE_DEFAULTS))
@@ -35,7 +36,7 @@ def test_each_policy_carries_its_engine_defaults_and_source(name):
     policy = get_policy(name)
     assert (policy.kv_block, policy.decode_grid, policy.eviction, policy.needs_oracle) == ENGINE_DEFAULTS[name]
     assert policy.mark_mode == MARK_MODES[name] and policy.name == name
-    assert policy.match_unit == ("token" if name == "ours-plus" else "block")
+    assert policy.match_unit == ("token" if name in ("ours-plus", "ours-adaptive") else "block")
     assert len(policy.source) > 40 and type(policy).__doc__.split() == policy.source.split()
 
 

@@ -35,6 +35,7 @@ POLICY_STYLES: dict[str, dict] = {
     "ours-plus": {"color": "#9467bd", "marker": "*"},      # purple: ours-plus, everywhere
     "optimum": {"color": "#222222", "marker": "h"},        # near-black: the offline bound
     "ollama": {"color": "#e7298a", "marker": "<"},
+    "ours-adaptive": {"color": "#c5b0d5", "marker": "p"},  # light purple: ours-plus with gated marks
 }
 # Systems (whole engines, side by side): distinct among themselves; "ours" is the aligned engine's green.
 SYSTEM_STYLES: dict[str, dict] = {
@@ -89,7 +90,7 @@ def _canonical(name: str) -> str:
     if name.startswith("transformers"):
         return "transformers"
     if name.startswith("ours"):
-        return "ours-plus" if name == "ours-plus" else "ours"
+        return name if name in POLICY_STYLES else "ours"  # ours-plus, ours-adaptive: their own; variants: the engine's
     if name.startswith("grid-"):
         return "grid"
     return name

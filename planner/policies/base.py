@@ -7,7 +7,7 @@ Positions are token counts from the prompt start; `block_size` is the KV block s
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from kernels.checks import require
 
@@ -26,7 +26,11 @@ class PlanContext:
     `kernel_chunk` the SSD kernel's chunk (SGLang's state grid); `interval` interval snapshots
     in KV blocks (0 = off); `match_unit` where a prefix match may end (0 = the KV block; 1 = any
     token: `SchedulerConfig.prefix_match_unit`); `snapshot_memory_bounded` whether the snapshot
-    store has a device budget (the scheduler reads it off its store; a grid may be denser without).
+    store has a device budget (the scheduler reads it off its store; a grid may be denser without);
+    `snapshot_stats` the store's live counters (`planner.snapshot_store.SnapshotStats`: saves and
+    restored tokens by capture origin), handed by the scheduler for a policy that learns online
+    which origins pay back (None outside a scheduler). Read it, never write it; it is left out of
+    the context's equality and hash, so a context compares by its rules' static inputs only.
     """
 
     block_size: int
@@ -35,6 +39,7 @@ class PlanContext:
     kernel_chunk: int = 256
     match_unit: int = 0
     snapshot_memory_bounded: bool = True
+    snapshot_stats: Any = dataclasses.field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def unit(self) -> int:

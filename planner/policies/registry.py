@@ -16,6 +16,7 @@ from planner.policies.legacy import Legacy
 from planner.policies.marconi import Marconi
 from planner.policies.ollama import Ollama
 from planner.policies.optimum import Optimum
+from planner.policies.ours_adaptive import OursAdaptive
 from planner.policies.ours_plus import OursPlus
 from planner.policies.sglang import SGLang
 from planner.policies.trtllm import TensorRTLLM
@@ -34,7 +35,7 @@ def _by_name(policies: Iterable[PlacementPolicy]) -> dict[str, PlacementPolicy]:
 
 
 _REGISTERED = (Aligned(), Legacy(), VllmAlign(), VllmJunction(), SGLang(), TensorRTLLM(), Marconi(), Ollama(),
-               OursPlus(), Optimum())
+               OursPlus(), Optimum(), OursAdaptive())
 POLICIES: Mapping[str, PlacementPolicy] = types.MappingProxyType(_by_name(_REGISTERED))  # read-only
 
 
