@@ -155,3 +155,18 @@ def test_vllm_loader_refuses_to_shadow_an_imported_vllm(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     fn, why = peers.load_vllm_unified_attention()
     assert fn is None and "already imported" in why
+
+
+def test_loaders_leave_no_stand_in_package_behind(tmp_path, monkeypatch):
+    """A stand-in `mamba_ssm` (no __spec__) left in sys.modules made transformers'
+    is_mamba_2_ssm_available raise in every later test of the process (test_model_hf_parity);
+    a stand-in vllm would pass for an installed one. A fake fetched folder: runs without peers/."""
+    triton_dir = tmp_path / "mamba_ssm" / "mamba_ssm" / "ops" / "triton"
+    triton_dir.mkdir(parents=True)
+    (triton_dir / "ssd_combined.py").write_text("def mamba_chunk_scan_combined():\n    return 'fake'\n")
+    monkeypatch.setenv("PEERS_DIR", str(tmp_path))
+    assert not any(n == "mamba_ssm" or n.startswith("mamba_ssm.") for n in sys.modules)
+    fn, why = peers.load_mamba_ssd()
+    assert fn is not None and fn() == "fake", why
+    assert not any(n == "mamba_ssm" or n.startswith("mamba_ssm.") for n in sys.modules)
+    assert peers.load_mamba_ssd()[0]() == "fake"  # a second load imports again

@@ -80,19 +80,34 @@ def shimmed(call):
     return run
 
 
+@contextlib.contextmanager
+def _stand_ins_dropped(package: str):
+    """Leave no `package` module behind that was not imported before: a stand-in left in
+    sys.modules (no __spec__) made transformers' `is_mamba_2_ssm_available` raise in every later
+    test of the same process, and a stand-in vllm would pass for an installed one. The loaded
+    functions keep their modules alive through their globals."""
+    before = {name for name in sys.modules if name == package or name.startswith(package + ".")}
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if (n == package or n.startswith(package + ".")) and n not in before]:
+            del sys.modules[name]
+
+
 def load_mamba_ssd():
     """(mamba_chunk_scan_combined, '') or (None, why not)."""
     root = peers_dir() / "mamba_ssm" / "mamba_ssm"
     if not (root / "ops" / "triton" / "ssd_combined.py").is_file():
         return None, f"mamba_ssm: not fetched ({root}; bash scripts/fetch_peers.sh)"
-    if "mamba_ssm" not in sys.modules:
-        stand_in = types.ModuleType("mamba_ssm")
-        stand_in.__path__ = [str(root)]  # the Triton modules import; the package __init__ never runs
-        sys.modules["mamba_ssm"] = stand_in
-    try:
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except Exception as err:  # noqa: BLE001  (a peer that does not import is recorded, not fatal)
-        return None, f"mamba_ssm: import failed ({type(err).__name__}: {err})"[:200]
+    with _stand_ins_dropped("mamba_ssm"):
+        if "mamba_ssm" not in sys.modules:
+            stand_in = types.ModuleType("mamba_ssm")
+            stand_in.__path__ = [str(root)]  # the Triton modules import; the package __init__ never runs
+            sys.modules["mamba_ssm"] = stand_in
+        try:
+            from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        except Exception as err:  # noqa: BLE001  (a peer that does not import is recorded, not fatal)
+            return None, f"mamba_ssm: import failed ({type(err).__name__}: {err})"[:200]
     return mamba_chunk_scan_combined, ""
 
 
@@ -268,14 +283,14 @@ def load_vllm_unified_attention():
     ops = peers_dir() / "vllm"
     if not (ops / "triton_unified_attention.py").is_file():
         return None, f"vllm: not fetched ({ops}; bash scripts/fetch_peers.sh)"
-    if "vllm.v1.attention.ops" not in sys.modules:
-        if "vllm" in sys.modules:
-            return None, "vllm: a vllm package is already imported; the stand-ins would shadow it"
+    if "vllm" in sys.modules:
+        return None, "vllm: a vllm package is already imported; the stand-ins would shadow it"
+    with _stand_ins_dropped("vllm"):
         _vllm_stand_ins(ops)
-    try:
-        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-    except Exception as err:  # noqa: BLE001
-        return None, f"vllm: import failed ({type(err).__name__}: {err})"[:200]
+        try:
+            from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+        except Exception as err:  # noqa: BLE001
+            return None, f"vllm: import failed ({type(err).__name__}: {err})"[:200]
     return unified_attention, ""
 
 
