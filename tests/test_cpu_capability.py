@@ -139,3 +139,21 @@ def test_bf16_model_logits_on_the_native_routes_match_the_fp32_product_routes(de
         got = model.logits(dense_prompt)
     assert got.dtype == torch.bfloat16 and not torch.equal(got, want)  # the route took effect
     assert_close(got, want, torch.bfloat16, "bf16 logits, native vs fp32-product routes")
+
+
+def test_probe_times_cpu_tensors_even_under_a_meta_default_device(monkeypatch):
+    """A checkpoint load builds the first model (and so runs the probe) under torch.device("meta"):
+    there every product took 4-22 us and the routes fell by chance. Each timed callable must make
+    CPU tensors whatever the default device."""
+    seen = []
+
+    def record(fns, repeats, warm=True):
+        for f in fns.values():
+            out = f()
+            seen.extend(t.device.type for t in (out if isinstance(out, list) else [out]))
+        return {k: 1.0 for k in fns}
+
+    monkeypatch.setattr(cap, "_min_time", record)
+    with torch.device("meta"):
+        cap.probe(cap.detect(), repeats=1)
+    assert seen and set(seen) == {"cpu"}, seen

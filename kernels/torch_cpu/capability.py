@@ -162,6 +162,13 @@ def probe(caps: CpuCapabilities, repeats: int = 5) -> CpuProbe:
     """Time fp32 products through MKL and oneDNN at two transformer shapes (256 rows; hidden 256
     to an up-projection of 2048 and back from 1024), and first-touching a fresh 40 MiB tensor
     against rewriting a held one. One thread, ~0.2 s (0.6 s at load 10 on 2 cores)."""
+    # On the CPU whatever the caller's default device: a checkpoint load builds the first model under
+    # torch.device("meta") (model/loading.py), where every product took 4-22 us and the routes fell by chance
+    with torch.device("cpu"):
+        return _probe_on_cpu(caps, repeats)
+
+
+def _probe_on_cpu(caps: CpuCapabilities, repeats: int) -> CpuProbe:
     g = torch.Generator().manual_seed(0)
     shapes = ((256, 256, 2048), (256, 1024, 256))  # (rows, in, out)
     xs = [(torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)) for m, k, n in shapes]
