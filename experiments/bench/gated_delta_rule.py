@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from experiments.bench.ratios import add_peer_ratios, load_ceilings, pct_of
-from experiments.bench.ssd_scan import MIN_TOKENS, capture_offsets, time_variants
+from experiments.bench.ratios import load_ceilings
+from experiments.bench.scan_variants import MIN_TOKENS, ScanBench, gate_each, rows_at, time_variants
 from experiments.common.results_io import environment, log, read_csv, write_csv
 from experiments.common.study import Context, Study, run_study
 from kernels.contracts.gated_delta import L2NORM_EPS
@@ -126,43 +125,10 @@ def check_correctness(scan, shape: Shape, dtype, device, chunk: int) -> None:
     assert_close(out.captured_states.cpu(), ref.captured_states, dtype, "correctness gate: captured states")
 
 
-def scan_under_test(args) -> tuple:
-    """(cuda, device, dtype, scan, impl): the Triton scan (bf16 on CUDA, fp32 through the interpreter
-    on a CPU), else the CPU path in fp32."""
-    cuda = args.device.startswith("cuda")
-    if args.impl == "triton":
-        from kernels.gated_delta_rule import gated_delta_rule
-
-        return cuda, args.device, torch.bfloat16 if cuda else torch.float32, gated_delta_rule, "triton"
-    return False, "cpu", torch.float32, gated_delta_rule_chunked, "torch-chunked"
-
-
-def kernel_only(inp: dict, offsets, chunk: int):
-    """The Triton scan with its plan built and uploaded once, here: each call is the launches alone."""
-    from kernels.contracts.packed import IntTables
-    from kernels.gated_delta_rule import gated_delta_rule, plan_gated_delta_rule
-
-    T = inp["q"].shape[0]
-    tables = IntTables()
-    plan = plan_gated_delta_rule([T], offsets, chunk, tables)
-    tables.upload(inp["q"].device)
-    return lambda: gated_delta_rule(**inp, capture_offsets=offsets, chunk_size=chunk, plan=plan)
-
-
-def variants_at(scan, inp: dict, T: int, chunk: int, impl: str) -> dict:
-    """name -> (captures, call) for one prefill length (the peer is added by `bench_length`)."""
-    o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
-    variants = {
-        "none": (0, lambda: scan(**inp, chunk_size=chunk)),
-        "capture1": (1, lambda: scan(**inp, capture_offsets=[o1], chunk_size=chunk)),
-        "capture4": (4, lambda: scan(**inp, capture_offsets=[o4], chunk_size=chunk)),
-        "two_pass": (1, lambda: two_pass(scan, inp, o1[0], chunk_size=chunk)),
-    }
-    if impl == "triton":
-        variants.update(none_kernel=(0, kernel_only(inp, None, chunk)),
-                        capture1_kernel=(1, kernel_only(inp, [o1], chunk)),
-                        capture4_kernel=(4, kernel_only(inp, [o4], chunk)))
-    return variants
+SCAN = ScanBench(module="kernels.gated_delta_rule", scan="gated_delta_rule", plan="plan_gated_delta_rule",
+                 cpu_scan=gated_delta_rule_chunked, tokens_key="q", two_pass=two_pass, capture_word="in-launch")
+scan_under_test, kernel_only, variants_at, gate_capture = (SCAN.under_test, SCAN.kernel_only, SCAN.variants_at,
+                                                           SCAN.gate_capture)
 
 
 # ---- the peer ------------------------------------------------------------------------------------
@@ -241,31 +207,10 @@ def gate_peers(loaded: dict, shape: Shape, dtype, device) -> dict:
     """Each loadable peer checked against the oracle at GATE_TOKENS tokens before any timing; a
     failing one keeps only its note (no time is reported for it)."""
     inp = make_inputs([GATE_TOKENS], shape, dtype, device, seed=3)
-    gated = {}
-    for name, (make, note) in loaded.items():
-        if make is None:
-            gated[name] = (None, note)
-            continue
-        try:
-            ok, err = check_peer(make(inp), inp, dtype)
-        except Exception as exc:  # noqa: BLE001  (a peer that cannot run this shape is recorded, not fatal)
-            gated[name] = (None, f"failed: {type(exc).__name__}: {exc}"[:200])
-            log(f"  peer {name}: {gated[name][1]}")
-            continue
-        log(f"  peer {name}: {'matches' if ok else 'WRONG vs'} the oracle ({err})")
-        gated[name] = (make, f"{note}; {err}") if ok else (None, f"WRONG vs the oracle ({err}): not reported")
-    return gated
+    return gate_each(loaded, lambda make: check_peer(make(inp), inp, dtype))
 
 
 # ---- timing --------------------------------------------------------------------------------------
-
-def gate_capture(variants: dict, T: int, dtype) -> None:
-    """Full-length gate: the in-launch capture equals the two-pass boundary state."""
-    c1 = variants["capture1"][1]()
-    a, b = variants["two_pass"][1]()
-    assert_close(c1.captured_states[0], a.final_states[0], dtype, f"T={T}: in-launch capture vs two-pass")
-    assert_close(c1.final_states, b.final_states, dtype, f"T={T}: final state, in-launch vs two-pass")
-
 
 def bench_length(scan, gated: dict, shape_name: str, T: int, chunk: int, dtype, device, es: int, cuda: bool,
                  base: dict, args) -> list[dict]:
@@ -278,30 +223,9 @@ def bench_length(scan, gated: dict, shape_name: str, T: int, chunk: int, dtype, 
     gate_capture(variants, T, dtype)
     variants.update({name: (0, shimmed(make(inp))) for name, (make, _) in gated.items() if make is not None})
     wall = time_variants(variants, cuda, args)
-    o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
     common = dict(shape=shape_name, HK=shape.HK, HV=shape.HV, K=shape.K, V=shape.V, T=T)
-    rows = []
-    for name, (k, _) in variants.items():
-        ms, ms_min = statistics.median(wall[name]), min(wall[name])
-        kernel_row = name.endswith("_kernel") or name in PEERS
-        ref = "none_kernel" if kernel_row and "none_kernel" in wall else "none"
-        ref_ms, ref_min = statistics.median(wall[ref]), min(wall[ref])
-        nbytes = bytes_moved(T, shape, es, k)
-        rows.append(dict(base, loadavg_1m=round(os.getloadavg()[0], 2), impl=name if name in PEERS else base["impl"],
-                         **common, variant=name, captures=k,
-                         offsets=" ".join(map(str, {0: [], 1: o1, 4: o4}[k])) if name != "two_pass" else str(o1[0]),
-                         median_ms=round(ms, 4), min_ms=round(ms_min, 4), repeats=len(wall[name]),
-                         bytes=nbytes, gbps=round(nbytes / ms / 1e6, 3),
-                         pct_copy_bw=pct_of(nbytes / ms / 1e6, args.copy_gbps),
-                         overhead_vs_none_pct=round(100 * (ms / ref_ms - 1), 2),
-                         min_overhead_vs_none_pct=round(100 * (ms_min / ref_min - 1), 2), overhead_vs=ref,
-                         note=gated.get(name, (None, ""))[1]))
-        log(f"  {shape_name} T={T:>6} {name:<16} median {ms:9.3f} ms {100 * (ms / ref_ms - 1):+6.2f}% vs {ref:<11} "
-            f"min {ms_min:9.3f} ms  {nbytes / ms / 1e6:7.2f} GB/s")
-    rows += [dict(base, impl=name, **common, variant=name, captures=0, overhead_vs_none_pct="",
-                  min_overhead_vs_none_pct="", note=note) for name, (make, note) in gated.items() if make is None]
-    return add_peer_ratios(rows, ("shape", "T"), "none_kernel" if base["impl"] == "triton" else "none",
-                           impl="variant", ms="median_ms", peers=PEERS)
+    return rows_at(variants, wall, gated, base, common, T, lambda k: bytes_moved(T, shape, es, k), args, PEERS,
+                   ms_digits=3)
 
 
 def run(args) -> list[dict]:

@@ -42,12 +42,13 @@ import dataclasses
 import math
 import os
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from experiments.bench.ratios import add_peer_ratios, load_ceilings, pct_of
+from experiments.bench.ratios import load_ceilings
+from experiments.bench.scan_variants import (MIN_TOKENS, ScanBench, capture_offsets, gate_each, rows_at, time_cpu,
+                                             time_variants)
 from experiments.common.results_io import environment, log, read_csv, write_csv
 from experiments.common.study import Context, Ran, Study, run_study
 from kernels.reference.ssd import ssd_scan_sequential
@@ -70,23 +71,7 @@ def shape_of(preset: str) -> Shape:
     return Shape(H=c.mamba_n_heads, P=c.mamba_d_head, N=c.mamba_d_state, G=c.mamba_n_groups)
 
 
-BLOCK = 16  # KV block size: capture offsets are block-aligned like the planner's snapshots
-MIN_TOKENS = 5 * BLOCK + 1  # room for 4 distinct block-aligned capture offsets below the tail
 BYTES_MODEL = "es*(2*T*H*P + T*H + 2*T*G*N) + 4*H*P*N*(S + S + K)"
-
-
-def capture_offsets(T: int, k: int) -> list[int]:
-    """The prompt-tail split point ((T-1)//BLOCK - 1) * BLOCK, and for k=4 three interior block
-    boundaries that are not multiples of the internal chunk (a worst case for a chunk cut)."""
-    tail = ((T - 1) // BLOCK) * BLOCK - BLOCK
-    if k == 1:
-        return [tail]
-    interior = [o for o in dict.fromkeys((T // 4 + 3 * BLOCK, T // 2 + 5 * BLOCK, 3 * T // 4 + 7 * BLOCK))
-                if 0 < o < tail]
-    fill = (o for o in range(tail - BLOCK, 0, -BLOCK) if o not in interior)  # short T: block boundaries
-    while len(interior) < k - 1:
-        interior.append(next(fill))
-    return sorted({*interior, tail})[:k]
 
 
 def make_inputs(T: int, shape: Shape, dtype, device, seed=0):
@@ -140,69 +125,10 @@ def check_correctness(scan, shape: Shape, dtype, device, chunk: int) -> None:
     assert_close(out.captured_states.cpu(), ref.captured_states, dtype, "correctness gate: captured states")
 
 
-def time_cpu(fn) -> float:
-    """Wall ms of one call. (Process CPU time is no better under contention: torch's OpenMP
-    threads spin at barriers while a sibling is descheduled, so it inflates with the wall clock.)"""
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def scan_under_test(args) -> tuple:
-    """(cuda, device, dtype, scan, impl): the Triton scan (bf16 on CUDA, fp32 through the interpreter
-    on a CPU), else the CPU path in fp32."""
-    cuda = args.device.startswith("cuda")
-    if args.impl == "triton":
-        from kernels.ssd_scan import ssd_scan
-
-        return cuda, args.device, torch.bfloat16 if cuda else torch.float32, ssd_scan, "triton"
-    return False, "cpu", torch.float32, ssd_scan_chunked, "torch-chunked"
-
-
-def kernel_only(inp: dict, offsets, chunk: int):
-    """The Triton scan with its plan built and uploaded once, here: each call is the launches alone."""
-    from kernels.contracts.packed import IntTables
-    from kernels.ssd_scan import plan_ssd_scan, ssd_scan
-
-    T = inp["x"].shape[0]
-    tables = IntTables()
-    plan = plan_ssd_scan([T], offsets, chunk, tables)
-    tables.upload(inp["x"].device)
-    return lambda: ssd_scan(**inp, capture_offsets=offsets, chunk_size=chunk, plan=plan)
-
-
-def variants_at(scan, inp: dict, T: int, chunk: int, impl: str) -> dict:
-    """name -> (captures, call) for one prefill length (peers are added by `peer_variants`)."""
-    o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
-    variants = {
-        "none": (0, lambda: scan(**inp, chunk_size=chunk)),
-        "capture1": (1, lambda: scan(**inp, capture_offsets=[o1], chunk_size=chunk)),
-        "capture4": (4, lambda: scan(**inp, capture_offsets=[o4], chunk_size=chunk)),
-        "two_pass": (1, lambda: two_pass(scan, inp, o1[0], chunk_size=chunk)),
-    }
-    if impl == "triton":
-        variants.update(none_kernel=(0, kernel_only(inp, None, chunk)),
-                        capture1_kernel=(1, kernel_only(inp, [o1], chunk)),
-                        capture4_kernel=(4, kernel_only(inp, [o4], chunk)))
-    return variants
-
-
-def time_variants(variants: dict, cuda: bool, args) -> dict[str, list[float]]:
-    """Wall ms per variant: one do_bench median on CUDA; on a CPU, interleaved rotated rounds."""
-    wall: dict[str, list[float]] = {v: [] for v in variants}
-    if cuda:
-        import triton.testing
-
-        for name, (_, fn) in variants.items():
-            wall[name] = [triton.testing.do_bench(fn, warmup=args.warmup_ms, rep=args.rep_ms, return_mode="median")]
-        return wall
-    for name, (_, fn) in variants.items():  # warm-up
-        fn()
-    order = list(variants)
-    for r in range(args.repeats):  # interleaved, rotated rounds: noise hits every variant alike
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            wall[name].append(time_cpu(variants[name][1]))
-    return wall
+SCAN = ScanBench(module="kernels.ssd_scan", scan="ssd_scan", plan="plan_ssd_scan", cpu_scan=ssd_scan_chunked,
+                 tokens_key="x", two_pass=two_pass, capture_word="in-pass")
+scan_under_test, kernel_only, variants_at, gate_capture = (SCAN.under_test, SCAN.kernel_only, SCAN.variants_at,
+                                                           SCAN.gate_capture)
 
 
 PEERS = ("mamba_ssm", "fla")
@@ -230,34 +156,7 @@ def gate_peers(loaded: dict, shape: Shape, dtype, device, chunk: int) -> dict:
     from experiments.bench.peers import check_against_oracle
 
     inp = make_inputs(300, shape, dtype, device, seed=3)
-    gated = {}
-    for name, (make, note) in loaded.items():
-        if make is None:
-            gated[name] = (None, note)
-            continue
-        try:
-            ok, err = check_against_oracle(make(inp, chunk), inp, dtype)
-        except Exception as exc:  # noqa: BLE001  (a peer that cannot run this shape is recorded, not fatal)
-            gated[name] = (None, f"failed: {type(exc).__name__}: {exc}"[:200])
-            log(f"  peer {name}: {gated[name][1]}")
-            continue
-        log(f"  peer {name}: {'matches' if ok else 'WRONG vs'} the oracle ({err})")
-        gated[name] = (make, f"{note}; {err}") if ok else (None, f"WRONG vs the oracle ({err}): not reported")
-    return gated
-
-
-def gate_capture(variants: dict, T: int, dtype) -> None:
-    """Full-length gate: the in-pass capture equals the two-pass boundary state."""
-    c1 = variants["capture1"][1]()
-    a, b = variants["two_pass"][1]()
-    assert_close(c1.captured_states[0], a.final_states[0], dtype, f"T={T}: in-pass capture vs two-pass")
-    assert_close(c1.final_states, b.final_states, dtype, f"T={T}: final state, in-pass vs two-pass")
-
-
-def overhead_base(name: str, wall: dict) -> str:
-    """The variant a row's overhead is against: none_kernel for the kernel-only and peer rows (where timed)."""
-    kernel_row = name.endswith("_kernel") or name in PEERS
-    return "none_kernel" if kernel_row and "none_kernel" in wall else "none"
+    return gate_each(loaded, lambda make: check_against_oracle(make(inp, chunk), inp, dtype))
 
 
 def bench_length(scan, gated: dict, shape_name: str, T: int, chunk: int, dtype, device, es: int, cuda: bool,
@@ -271,29 +170,9 @@ def bench_length(scan, gated: dict, shape_name: str, T: int, chunk: int, dtype, 
 
     variants.update({name: (0, shimmed(make(inp, chunk))) for name, (make, _) in gated.items() if make is not None})
     wall = time_variants(variants, cuda, args)
-    o1, o4 = capture_offsets(T, 1), capture_offsets(T, 4)
     common = dict(shape=shape_name, H=shape.H, P=shape.P, N=shape.N, G=shape.G, T=T)
-    rows = []
-    for name, (k, _) in variants.items():
-        ms, ms_min = statistics.median(wall[name]), min(wall[name])
-        ref = overhead_base(name, wall)
-        ref_ms, ref_min = statistics.median(wall[ref]), min(wall[ref])
-        nbytes = bytes_moved(T, shape, es, k)  # the problem's bytes, for peers too
-        rows.append(dict(base, loadavg_1m=round(os.getloadavg()[0], 2), impl=name if name in PEERS else base["impl"],
-                         **common, variant=name, captures=k,
-                         offsets=" ".join(map(str, {0: [], 1: o1, 4: o4}[k])) if name != "two_pass" else str(o1[0]),
-                         median_ms=round(ms, 4), min_ms=round(ms_min, 4), repeats=len(wall[name]),
-                         bytes=nbytes, gbps=round(nbytes / ms / 1e6, 3),
-                         pct_copy_bw=pct_of(nbytes / ms / 1e6, args.copy_gbps),
-                         overhead_vs_none_pct=round(100 * (ms / ref_ms - 1), 2),
-                         min_overhead_vs_none_pct=round(100 * (ms_min / ref_min - 1), 2), overhead_vs=ref,
-                         note=gated.get(name, (None, ""))[1]))
-        log(f"  {shape_name} T={T:>6} {name:<16} median {ms:9.2f} ms {100 * (ms / ref_ms - 1):+6.2f}% vs {ref:<11} "
-            f"min {ms_min:9.2f} ms  {nbytes / ms / 1e6:7.2f} GB/s")
-    rows += [dict(base, impl=name, **common, variant=name, captures=0, overhead_vs_none_pct="",
-                  min_overhead_vs_none_pct="", note=note) for name, (make, note) in gated.items() if make is None]
-    return add_peer_ratios(rows, ("shape", "T"), "none_kernel" if base["impl"] == "triton" else "none",
-                           impl="variant", ms="median_ms", peers=PEERS)
+    return rows_at(variants, wall, gated, base, common, T, lambda k: bytes_moved(T, shape, es, k), args, PEERS,
+                   ms_digits=2)
 
 
 def bench_sequential(scan, shape_name: str, chunk: int, dtype, device, es: int, base: dict, args) -> list[dict]:
