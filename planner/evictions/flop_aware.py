@@ -36,12 +36,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from kernels.checks import require
-from planner.evictions.base import EvictionPolicy
-from planner.evictions.scores import TierScores, covers_tier, lowest_of, recency_plus
+from planner.evictions.scores import RecencyScoreEviction, TierScores, recency_plus
 from planner.snapshot_store import Snapshot
 
 
-class FlopAwareEviction(EvictionPolicy):
+class FlopAwareEviction(RecencyScoreEviction):
     """Evict the lowest `recency + alpha * FLOPs-saved-per-byte` (both min-max normalized)."""
 
     name = "flop_aware"
@@ -55,12 +54,13 @@ class FlopAwareEviction(EvictionPolicy):
     def efficiency(snap: Snapshot) -> float:
         return snap.flops_saved / max(snap.nbytes, 1)
 
+    @property
+    def score_weight(self) -> float:
+        return self.alpha
+
     def utilities(self, snapshots: Sequence[Snapshot]) -> list[float]:
         """Each candidate's utility (see the module docstring); the lowest is evicted."""
         return recency_plus(snapshots, [self.efficiency(s) for s in snapshots], self.alpha)
-
-    def _tracked(self) -> int:
-        return len(self._scores)
 
     def saved(self, snap: Snapshot) -> None:
         self._scores.add(snap, self.efficiency(snap))
@@ -68,16 +68,3 @@ class FlopAwareEviction(EvictionPolicy):
     def evicted(self, snap: Snapshot) -> None:
         if self._scores.holds(snap):
             self._scores.remove(snap)
-
-    def touched(self, snap: Snapshot) -> None:
-        """A restore, refresh, demotion or promotion: its recency or tier changed."""
-        if self._scores.holds(snap):
-            self._scores.sync(snap)
-
-    restored = demoted = touched
-
-    def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
-        """The lowest utility, ties broken least recently used first."""
-        if covers_tier(self, snapshots):
-            return self._scores.lowest(snapshots.tier, snapshots.keep, self.alpha)
-        return lowest_of(snapshots, self.utilities)

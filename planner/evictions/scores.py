@@ -3,7 +3,8 @@ a tier's candidates, lowest evicted (ties in LRU order), on lists (`recency_plus
 each rule's docstring says) and per tier in dense arrays kept up from the store's events
 (`TierScores`: a few array operations per eviction, not Python lists over every resident; the
 same float64 operations, so the same victim to the last bit: tests/test_sim_digest.py).
-`covers_tier` says which of the two paths a decision may take.
+`covers_tier` says which of the two paths a decision may take; `RecencyScoreEviction` is the events
+and the victim choice the two rules share.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from kernels.checks import require
+from planner.evictions.base import EvictionPolicy
 from planner.snapshot_store import Snapshot, TierResidents
 
 
@@ -127,3 +129,30 @@ def lowest_of(snapshots: Sequence[Snapshot], utilities) -> Snapshot:
     require(len(snapshots) > 0, "snapshots", "nothing to evict")
     utility = utilities(snapshots)
     return snapshots[min(range(len(snapshots)), key=lambda i: (utility[i], i))]
+
+
+class RecencyScoreEviction(EvictionPolicy):
+    """A rule evicting the lowest `recency + score_weight * score` (FLOP-aware, seglen): it keeps its
+    held snapshots in `self._scores` (a `TierScores`) and defines `utilities` (the list path)."""
+
+    _scores: TierScores
+    score_weight: float
+
+    def utilities(self, snapshots: Sequence[Snapshot]) -> list[float]:
+        raise NotImplementedError
+
+    def _tracked(self) -> int:
+        return len(self._scores)
+
+    def touched(self, snap: Snapshot) -> None:
+        """A restore, refresh, demotion or promotion: its recency or tier changed."""
+        if self._scores.holds(snap):
+            self._scores.sync(snap)
+
+    restored = demoted = touched
+
+    def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
+        """The lowest utility, ties broken least recently used first."""
+        if covers_tier(self, snapshots):
+            return self._scores.lowest(snapshots.tier, snapshots.keep, self.score_weight)
+        return lowest_of(snapshots, self.utilities)

@@ -7,14 +7,13 @@ import itertools
 from typing import Sequence
 
 from kernels.checks import require
-from planner.evictions.base import EvictionPolicy
-from planner.evictions.scores import TierScores, covers_tier, lowest_of, recency_plus
+from planner.evictions.scores import RecencyScoreEviction, TierScores, recency_plus
 from planner.snapshot_store import Snapshot
 
 SEGLEN_WEIGHT = 0.85  # seglen's weight of replay length against recency (the SGLang PR's example)
 
 
-class SeglenEviction(EvictionPolicy):
+class SeglenEviction(RecencyScoreEviction):
     """SGLang's `seglen` eviction for its Mamba radix cache (sglang PR #22172, 2026; the brief, section 6):
     evict the lowest `recency + weight * seglen`, both min-max normalized over the candidates, where
     seglen(s) is the replay length to s's nearest reusable ancestor, the deepest other held snapshot
@@ -117,21 +116,9 @@ class SeglenEviction(EvictionPolicy):
         parent = self._parent.get(snap.key)
         return snap.position - (parent.position if parent is not None else 0)
 
+    @property
+    def score_weight(self) -> float:
+        return self.weight
+
     def utilities(self, snapshots: Sequence[Snapshot]) -> list[float]:
         return recency_plus(snapshots, [float(self.seglen(s)) for s in snapshots], self.weight)
-
-    def _tracked(self) -> int:
-        return len(self._scores)
-
-    def touched(self, snap: Snapshot) -> None:
-        """A restore, refresh, demotion or promotion: its recency or tier changed."""
-        if self._scores.holds(snap):
-            self._scores.sync(snap)
-
-    restored = demoted = touched
-
-    def choose_victim(self, snapshots: Sequence[Snapshot], now: int) -> Snapshot:
-        """The lowest utility, ties broken least recently used first."""
-        if covers_tier(self, snapshots):
-            return self._scores.lowest(snapshots.tier, snapshots.keep, self.weight)
-        return lowest_of(snapshots, self.utilities)
