@@ -40,14 +40,14 @@ a new ``runs/bench_gated_delta_rule/<timestamp>/`` (``--publish``: ``results/ben
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from experiments.bench.ratios import load_ceilings
-from experiments.bench.scan_variants import MIN_TOKENS, ScanBench, gate_each, rows_at, time_variants
+from experiments.bench.scan_variants import (MIN_TOKENS, ScanBench, add_round_flags, add_scan_flags, check_impl,
+                                             gate_each, replot_csv, rows_at, time_variants)
 from experiments.common.results_io import environment, log, read_csv, write_csv
 from experiments.common.study import Context, Study, run_study
 from kernels.contracts.gated_delta import L2NORM_EPS
@@ -296,7 +296,7 @@ CSV_COLUMNS = ("device", "impl", "shape", "T", "variant", "median_ms", "min_ms",
 
 def add_flags(p) -> None:
     from experiments.bench import preset_names
-    from experiments.common.flags import device_name, int_in_range, int_list
+    from experiments.common.flags import int_in_range, int_list
 
     p.add_argument("--model", type=preset_names, default=None,
                    help="presets with Gated DeltaNet layers whose mixer shapes to time, comma-separated "
@@ -305,17 +305,8 @@ def add_flags(p) -> None:
                    help="prefill lengths, comma-separated (absent: 8192,32768 on CUDA, 1024 on a CPU)")
     p.add_argument("--chunk-size", type=int_in_range(16), default=None,
                    help="internal chunk (absent: 64 for bf16, 32 for fp32; Triton: a power of 2 >= 16)")
-    p.add_argument("--repeats", type=int_in_range(1), default=7, help="CPU: timed rounds per variant (median reported)")
-    p.add_argument("--warmup-ms", type=int_in_range(1), default=100, help="CUDA: do_bench warm-up time")
-    p.add_argument("--rep-ms", type=int_in_range(1), default=500, help="CUDA: do_bench measuring time")
-    p.add_argument("--device", type=device_name, default=None,
-                   help="cuda (the Triton scan, bf16) or cpu (the torch path, fp32); absent: cuda if present")
-    p.add_argument("--impl", choices=("triton", "torch"), default=None,
-                   help="the scan timed (absent: triton on CUDA, torch on a CPU; triton on a CPU needs "
-                        "TRITON_INTERPRET=1)")
-    p.add_argument("--no-peers", action="store_true", help="time no peer (fla)")
-    p.add_argument("--ceilings", type=Path, default=None,
-                   help="a ceilings.json (python -m experiments.bench.ceilings) for the pct_copy_bw column")
+    add_round_flags(p)
+    add_scan_flags(p, "fla")
 
 
 def check_args(p, args) -> None:
@@ -326,11 +317,7 @@ def check_args(p, args) -> None:
     no_deltanet = [m for m in args.model if "linear_attention" not in PRESETS[m].layer_types]
     if no_deltanet:
         p.error(f"argument --model: {no_deltanet[0]} has no Gated DeltaNet layer")
-    args.impl = args.impl or ("triton" if cuda else "torch")
-    if cuda and args.impl == "torch":
-        p.error("argument --impl: torch is the CPU path; on CUDA the bench times the Triton scan")
-    if not cuda and args.impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
-        p.error("argument --impl: triton on a CPU runs only through the interpreter (set TRITON_INTERPRET=1)")
+    check_impl(p, args, cuda)
     chunk = args.chunk_size
     if args.impl == "triton" and chunk is not None and chunk & (chunk - 1):
         p.error(f"argument --chunk-size: the Triton scan needs a power of 2 >= 16, got {chunk}")
@@ -340,15 +327,7 @@ def check_args(p, args) -> None:
 
 def replot(out: Path) -> list[Path]:
     """The PNG again from the CSV in `out` (checked first: a bad CSV is an InputError naming it)."""
-    from experiments.common.inputs import InputError, read_csv as read_rows
-
-    csv_path = out / CSV_NAME
-    read_rows(csv_path, CSV_COLUMNS, what="a bench_gated_delta_rule CSV")
-    try:
-        plot(csv_path, out / PNG_NAME)
-    except (KeyError, TypeError, ValueError, IndexError) as err:
-        raise InputError(f"{csv_path}: not a bench_gated_delta_rule CSV ({type(err).__name__}: {err})") from None
-    return [out / PNG_NAME]
+    return replot_csv(out, CSV_NAME, PNG_NAME, CSV_COLUMNS, "bench_gated_delta_rule", plot)
 
 
 class GatedDeltaRuleBench(Study):

@@ -11,6 +11,7 @@ import importlib
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -171,3 +172,50 @@ def rows_at(variants: dict, wall: dict, gated: dict, base: dict, common: dict, T
                   min_overhead_vs_none_pct="", note=note) for name, (make, note) in gated.items() if make is None]
     return add_peer_ratios(rows, ("shape", "T"), "none_kernel" if base["impl"] == "triton" else "none",
                            impl="variant", ms="median_ms", peers=peers)
+
+
+# ---- the command line and the figure's rerun -----------------------------------------------------
+
+def add_round_flags(p) -> None:
+    """How long each variant is timed: CPU rounds, CUDA do_bench windows."""
+    from experiments.common.flags import int_in_range
+
+    p.add_argument("--repeats", type=int_in_range(1), default=7, help="CPU: timed rounds per variant (median reported)")
+    p.add_argument("--warmup-ms", type=int_in_range(1), default=100, help="CUDA: do_bench warm-up time")
+    p.add_argument("--rep-ms", type=int_in_range(1), default=500, help="CUDA: do_bench measuring time")
+
+
+def add_scan_flags(p, peer_names: str) -> None:
+    """Where and which scan runs, the peers (`peer_names`, for the help), the copy ceiling."""
+    from experiments.common.flags import device_name
+
+    p.add_argument("--device", type=device_name, default=None,
+                   help="cuda (the Triton scan, bf16) or cpu (the torch path, fp32); absent: cuda if present")
+    p.add_argument("--impl", choices=("triton", "torch"), default=None,
+                   help="the scan timed (absent: triton on CUDA, torch on a CPU; triton on a CPU needs "
+                        "TRITON_INTERPRET=1)")
+    p.add_argument("--no-peers", action="store_true", help=f"time no peer ({peer_names})")
+    p.add_argument("--ceilings", type=Path, default=None,
+                   help="a ceilings.json (python -m experiments.bench.ceilings) for the pct_copy_bw column")
+
+
+def check_impl(p, args, cuda: bool) -> None:
+    """--impl's default (triton on CUDA, torch on a CPU) and the two pairings that cannot run."""
+    args.impl = args.impl or ("triton" if cuda else "torch")
+    if cuda and args.impl == "torch":
+        p.error("argument --impl: torch is the CPU path; on CUDA the bench times the Triton scan")
+    if not cuda and args.impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        p.error("argument --impl: triton on a CPU runs only through the interpreter (set TRITON_INTERPRET=1)")
+
+
+def replot_csv(out: Path, csv_name: str, png_name: str, columns: tuple, what: str, plot: Callable) -> list[Path]:
+    """The PNG again from the CSV in `out` (checked first: a bad CSV is an InputError naming it and `what`)."""
+    from experiments.common.inputs import InputError, read_csv as read_rows
+
+    csv_path = out / csv_name
+    read_rows(csv_path, columns, what=f"a {what} CSV")
+    try:
+        plot(csv_path, out / png_name)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise InputError(f"{csv_path}: not a {what} CSV ({type(err).__name__}: {err})") from None
+    return [out / png_name]

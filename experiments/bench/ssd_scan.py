@@ -47,8 +47,8 @@ from pathlib import Path
 import torch
 
 from experiments.bench.ratios import load_ceilings
-from experiments.bench.scan_variants import (MIN_TOKENS, ScanBench, capture_offsets, gate_each, rows_at, time_cpu,
-                                             time_variants)
+from experiments.bench.scan_variants import (MIN_TOKENS, ScanBench, add_round_flags, add_scan_flags, capture_offsets,
+                                             check_impl, gate_each, replot_csv, rows_at, time_cpu, time_variants)
 from experiments.common.results_io import environment, log, read_csv, write_csv
 from experiments.common.study import Context, Ran, Study, run_study
 from kernels.reference.ssd import ssd_scan_sequential
@@ -284,7 +284,7 @@ CSV_COLUMNS = ("device", "impl", "shape", "T", "variant", "median_ms", "min_ms",
 
 def add_flags(p) -> None:
     from experiments.bench import preset_names
-    from experiments.common.flags import device_name, int_in_range, int_list
+    from experiments.common.flags import int_in_range, int_list
 
     p.add_argument("--model", type=preset_names, default=None,
                    help="model presets whose mixer shapes to time, comma-separated (absent: bamba-9b,nemotron-h-8b "
@@ -293,19 +293,10 @@ def add_flags(p) -> None:
                    help="prefill lengths, comma-separated")
     p.add_argument("--chunk-size", type=int_in_range(1), default=None,
                    help="internal chunk (absent: 256 on CUDA, 128 on CPU; Triton needs a power of 2 >= 16)")
-    p.add_argument("--repeats", type=int_in_range(1), default=7, help="CPU: timed rounds per variant (median reported)")
-    p.add_argument("--warmup-ms", type=int_in_range(1), default=100, help="CUDA: do_bench warm-up time")
-    p.add_argument("--rep-ms", type=int_in_range(1), default=500, help="CUDA: do_bench measuring time")
+    add_round_flags(p)
     p.add_argument("--sequential-tokens", type=int_in_range(0), default=512,
                    help="CPU: length of the chunked-vs-sequential comparison (0 skips it)")
-    p.add_argument("--device", type=device_name, default=None,
-                   help="cuda (the Triton scan, bf16) or cpu (the torch path, fp32); absent: cuda if present")
-    p.add_argument("--impl", choices=("triton", "torch"), default=None,
-                   help="the scan timed (absent: triton on CUDA, torch on a CPU; triton on a CPU needs "
-                        "TRITON_INTERPRET=1)")
-    p.add_argument("--no-peers", action="store_true", help="time no peer (mamba_ssm, fla)")
-    p.add_argument("--ceilings", type=Path, default=None,
-                   help="a ceilings.json (python -m experiments.bench.ceilings) for the pct_copy_bw column")
+    add_scan_flags(p, "mamba_ssm, fla")
 
 
 def check_args(p, args) -> None:
@@ -313,11 +304,7 @@ def check_args(p, args) -> None:
     cuda = args.device.startswith("cuda")
     if args.model is None:
         args.model = ["bamba-9b", "nemotron-h-8b"] if cuda else ["small"]
-    args.impl = args.impl or ("triton" if cuda else "torch")
-    if cuda and args.impl == "torch":
-        p.error("argument --impl: torch is the CPU path; on CUDA the bench times the Triton scan")
-    if not cuda and args.impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
-        p.error("argument --impl: triton on a CPU runs only through the interpreter (set TRITON_INTERPRET=1)")
+    check_impl(p, args, cuda)
     ceilings = load_ceilings(args.ceilings)
     args.copy_gbps = ceilings["copy_gbps"] if ceilings else None
     chunk = args.chunk_size
@@ -327,15 +314,7 @@ def check_args(p, args) -> None:
 
 def replot(out: Path) -> list[Path]:
     """The PNG again from the CSV in `out` (checked first: a bad CSV is an InputError naming it)."""
-    from experiments.common.inputs import InputError, read_csv as read_rows
-
-    csv_path = out / CSV_NAME
-    read_rows(csv_path, CSV_COLUMNS, what="a bench_ssd_scan CSV")
-    try:
-        plot(csv_path, out / PNG_NAME)
-    except (KeyError, TypeError, ValueError, IndexError) as err:
-        raise InputError(f"{csv_path}: not a bench_ssd_scan CSV ({type(err).__name__}: {err})") from None
-    return [out / PNG_NAME]
+    return replot_csv(out, CSV_NAME, PNG_NAME, CSV_COLUMNS, "bench_ssd_scan", plot)
 
 
 def headline(rows: list[dict]) -> list[tuple]:
