@@ -264,15 +264,30 @@ class HybridLM(nn.Module):
 
     def _mamba_rows(self, i: int, mixer: Mamba2Mixer, x: torch.Tensor, batch, cache: ModelCache,
                     captured: dict[int, MixerStates]) -> torch.Tensor:
-        """Prefill rows through the varlen conv/scan (states from and back to the pools), decode
-        rows through the one-token steps; tokens are packed prefill first, so both are slices."""
+        """A Mamba-2 layer's rows (`_recurrent_rows`): the backend's kernels may read and write the
+        pools themselves (`scan_state_pool`, `conv_state_pool`), with the step's SSD-scan plan."""
+        caps = self.ops.capabilities
+        return self._recurrent_rows(i, mixer, x, batch, cache, captured, caps.scan_state_pool, caps.conv_state_pool,
+                                    {"ssd_plan": batch.ssd_plan})
+
+    def _deltanet_rows(self, i: int, mixer: GatedDeltaNet, x: torch.Tensor, batch, cache: ModelCache,
+                       captured: dict[int, MixerStates]) -> torch.Tensor:
+        """A Gated DeltaNet layer's rows (`_recurrent_rows`): states gathered from the pools and the
+        finals written back (no kernel reads a pool in place), with the step's delta-rule plan."""
+        return self._recurrent_rows(i, mixer, x, batch, cache, captured, False, False,
+                                    {"delta_plan": batch.delta_plan})
+
+    def _recurrent_rows(self, i: int, mixer, x: torch.Tensor, batch, cache: ModelCache,
+                        captured: dict[int, MixerStates], ssm_in_pool: bool, conv_in_pool: bool,
+                        plan: dict) -> torch.Tensor:
+        """Prefill rows through the mixer's varlen conv and scan (states from and back to the pools,
+        or read and written there by the kernels where `*_in_pool`), decode rows through the
+        one-token steps; tokens are packed prefill first, so both are slices."""
         Tp = batch.num_prefill_tokens
         conv_pool, ssm_pool = cache.conv_pool[i], cache.ssm_pool[i]
         parts = []
         if batch.num_prefill_rows:
             slots = batch.prefill_slots
-            # the kernels read and write conv_pool[slots] / ssm_pool[slots] themselves: no gather, no scatter
-            ssm_in_pool, conv_in_pool = self.ops.capabilities.scan_state_pool, self.ops.capabilities.conv_state_pool
             initial = None
             if not batch.prefill_all_fresh and not (ssm_in_pool and conv_in_pool):
                 initial = MixerStates(None if conv_in_pool else conv_pool[slots],
@@ -282,34 +297,11 @@ class HybridLM(nn.Module):
                 pool.update(conv_pool=conv_pool, conv_slots=slots)
             y, final, caps = mixer(x[:Tp], self.ops, cu_seqlens=batch.prefill_cu_seqlens, initial=initial,
                                    capture_offsets=batch.capture_offsets, conv_plan=batch.conv_plan,
-                                   ssd_plan=batch.ssd_plan, **pool)
+                                   **plan, **pool)
             if not conv_in_pool:
                 conv_pool[slots] = final.conv.to(conv_pool.dtype)
             if not ssm_in_pool:
                 ssm_pool[slots] = final.ssm
-            captured[i] = caps
-            parts.append(y)
-        if Tp < x.shape[0]:
-            parts.append(mixer.forward_decode(x[Tp:], self.ops, conv_pool=conv_pool, ssm_pool=ssm_pool,
-                                              slot_idx=batch.decode_slots, check_slots=False))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-    def _deltanet_rows(self, i: int, mixer: GatedDeltaNet, x: torch.Tensor, batch, cache: ModelCache,
-                       captured: dict[int, MixerStates]) -> torch.Tensor:
-        """A Gated DeltaNet layer's rows, as `_mamba_rows`: prefill rows through the varlen conv and
-        chunked delta rule (states gathered from the pools and the finals written back), decode rows
-        through the one-token steps on the pools in place."""
-        Tp = batch.num_prefill_tokens
-        conv_pool, ssm_pool = cache.conv_pool[i], cache.ssm_pool[i]
-        parts = []
-        if batch.num_prefill_rows:
-            slots = batch.prefill_slots
-            initial = None if batch.prefill_all_fresh else MixerStates(conv_pool[slots], ssm_pool[slots])
-            y, final, caps = mixer(x[:Tp], self.ops, cu_seqlens=batch.prefill_cu_seqlens, initial=initial,
-                                   capture_offsets=batch.capture_offsets, conv_plan=batch.conv_plan,
-                                   delta_plan=batch.delta_plan)
-            conv_pool[slots] = final.conv.to(conv_pool.dtype)
-            ssm_pool[slots] = final.ssm
             captured[i] = caps
             parts.append(y)
         if Tp < x.shape[0]:
