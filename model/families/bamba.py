@@ -8,8 +8,8 @@ from typing import Any
 
 from kernels.checks import require
 from model.config import HybridConfig
-from model.families.base import (Family, FeedForward, mamba_hf_fields, parse_int, parse_mamba_d_head,
-                                 parse_time_step_limit, reject_unknown_fields, require_model_type)
+from model.families.base import (Family, FeedForward, check_common_fields, mamba_hf_fields, parse_int,
+                                 parse_mamba_d_head, parse_time_step_limit)
 from model.mlp import SwiGLU
 
 MODEL_TYPE = "bamba"
@@ -30,11 +30,7 @@ _INERT = frozenset({"z_loss_coefficient", "num_logits_to_keep", "mamba_dt_rank",
 
 def _check_supported(hf: dict[str, Any]) -> None:
     """Refuse another model type, unknown fields, and activations, quantization or RoPE scaling we lack."""
-    require_model_type(hf, MODEL_TYPE)
-    reject_unknown_fields(hf, _READ, _INERT, "Bamba")
-    require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
-            f"only 'silu' is implemented (SwiGLU and the conv activation), got {hf.get('hidden_act')!r}")
-    require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
+    check_common_fields(hf, MODEL_TYPE, _READ, _INERT, "Bamba")
     require(hf.get("rope_scaling") is None, "rope_scaling", f"only plain RoPE is implemented, got {hf.get('rope_scaling')}")
 
 

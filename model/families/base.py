@@ -105,6 +105,17 @@ def require_model_type(hf: dict[str, Any], model_type: str) -> None:
     require(hf.get("model_type") == model_type, "model_type", f"expected {model_type!r}, got {hf.get('model_type')!r}")
 
 
+def check_common_fields(hf: dict[str, Any], model_type: str, read: frozenset[str] | set[str],
+                        inert: frozenset[str] | set[str], family: str) -> None:
+    """What a family with a SiLU `hidden_act` refuses first, in this order: another model type, an
+    unknown field, another activation (SwiGLU and the conv activation are SiLU), a quantized checkpoint."""
+    require_model_type(hf, model_type)
+    reject_unknown_fields(hf, read, inert, family)
+    require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
+            f"only 'silu' is implemented (SwiGLU and the conv activation), got {hf.get('hidden_act')!r}")
+    require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
+
+
 def parse_time_step_limit(value) -> tuple[float, float]:
     """(lo, hi); transformers v5 writes infinity as {"__float__": "Infinity"}, v4 as a bare Infinity."""
     if value is None:

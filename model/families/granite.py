@@ -21,9 +21,8 @@ from torch import nn
 
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
-from model.families.base import (Family, FeedForward, mamba_hf_fields, parse_int, parse_mamba_d_head,
-                                 parse_time_step_limit, reject_unknown_fields, require_model_type,
-                                 routed_feed_forward)
+from model.families.base import (Family, FeedForward, check_common_fields, mamba_hf_fields, parse_int,
+                                 parse_mamba_d_head, parse_time_step_limit, routed_feed_forward)
 from model.mlp import FusedSwiGLU
 from model.moe import SparseMoE
 
@@ -87,11 +86,7 @@ def _rope(hf: dict[str, Any]) -> tuple[str, float]:
 
 def _check_supported(hf: dict[str, Any]) -> None:
     """Refuse another model type, unknown fields, and activations, quantization or norms we lack."""
-    require_model_type(hf, MODEL_TYPE)
-    reject_unknown_fields(hf, _READ, _INERT, "GraniteMoeHybrid")
-    require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
-            f"only 'silu' is implemented (SwiGLU and the conv activation), got {hf.get('hidden_act')!r}")
-    require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
+    check_common_fields(hf, MODEL_TYPE, _READ, _INERT, "GraniteMoeHybrid")
     require(hf.get("normalization_function", "rmsnorm") == "rmsnorm", "normalization_function",
             f"only 'rmsnorm' is implemented, got {hf.get('normalization_function')!r}")
 

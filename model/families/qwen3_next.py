@@ -22,8 +22,7 @@ from torch import nn
 
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
-from model.families.base import (Family, FeedForward, parse_int, reject_unknown_fields, require_model_type,
-                                 routed_feed_forward)
+from model.families.base import Family, FeedForward, check_common_fields, parse_int, routed_feed_forward
 from model.families.qwen3_next_moe import SharedExpertMoE
 from model.mlp import SwiGLU
 
@@ -95,11 +94,7 @@ def _moe(hf: dict[str, Any], get: dict[str, Any]) -> MoEConfig | None:
 
 def config_from_hf(hf: dict[str, Any]) -> HybridConfig:
     """Map a Qwen3-Next `config.json` dict; unsupported fields or values raise naming the field."""
-    require_model_type(hf, MODEL_TYPE)
-    reject_unknown_fields(hf, _READ, _INERT, "Qwen3Next")
-    require(hf.get("hidden_act", "silu") == "silu", "hidden_act",
-            f"only 'silu' is implemented (SwiGLU and the conv activation), got {hf.get('hidden_act')!r}")
-    require(hf.get("quantization_config") is None, "quantization_config", "quantized checkpoints are not supported")
+    check_common_fields(hf, MODEL_TYPE, _READ, _INERT, "Qwen3Next")
     get = {k: hf.get(k, v) for k, v in _DEFAULTS.items()}
     theta, factor = _rope(hf)
     num_layers = parse_int(hf, "num_hidden_layers", get["num_hidden_layers"])
