@@ -51,3 +51,19 @@ def perturb_parameters(model: torch.nn.Module, seed: int, std_by_suffix: dict[st
         std = next((s for suffix, s in (buffer_std_by_suffix or {}).items() if name.endswith(suffix)), None)
         if std is not None:
             b.copy_(std * torch.randn(b.shape, generator=g))
+
+
+def prefilled(model, lens: list[int], slots: list[int], block_size: int, num_slots: int = 6):
+    """A paged cache with one sequence of lens[s] + 4 tokens a slot, its first lens[s] prefilled
+    (block 0 left unused: pad rows' tables point there): (cache, per-sequence ids, block tables)."""
+    from model import SequenceChunk
+
+    need = [-(-(n + 4) // block_size) for n in lens]
+    cache = model.allocate_cache(sum(need) + 2, block_size, num_slots)
+    ids, tables, k = [], [], 1
+    for s, n in enumerate(lens):
+        ids.append(tokens(n + 4, 10 + s))
+        tables.append(list(range(k, k + need[s])))
+        k += need[s]
+    model.forward_batch([SequenceChunk(i[:n], 0, t, sl) for i, n, t, sl in zip(ids, lens, tables, slots)], cache)
+    return cache, ids, tables

@@ -24,7 +24,7 @@ from kernels import checks
 from kernels.contracts.varlen import check_seqlens, check_state_pool
 from model import SequenceChunk, from_preset
 from model.decode_graph import DecodeGraphs
-from model_helpers import one_thread, tokens  # noqa: F401  (one_thread: autouse)
+from model_helpers import one_thread, prefilled  # noqa: F401  (one_thread: autouse)
 from step_counter import StepCounter
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
@@ -58,14 +58,7 @@ def bucket_step():
     first decode step filled into bucket 4 (one pad row): (model, graphs, bucket)."""
     model = from_preset("tiny", backend="triton", seed=0)
     lens, slots = [9, 14, 5], [4, 0, 2]
-    need = [-(-(n + 4) // BLOCK) for n in lens]
-    cache = model.allocate_cache(sum(need) + 2, BLOCK, 6)
-    ids, tables, k = [], [], 1  # block 0 never used: pad rows' tables point there
-    for s, n in enumerate(lens):
-        ids.append(tokens(n + 4, 10 + s))
-        tables.append(list(range(k, k + need[s])))
-        k += need[s]
-    model.forward_batch([SequenceChunk(i[:n], 0, t, sl) for i, n, t, sl in zip(ids, lens, tables, slots)], cache)
+    cache, ids, tables = prefilled(model, lens, slots, BLOCK)
     graphs = DecodeGraphs(model, cache, max_blocks=8, use_graphs=False)
     b = graphs._bucket(graphs.bucket_for(3))
     b.fill([SequenceChunk(i[n:n + 1], n, t, sl) for i, t, sl, n in zip(ids, tables, slots, lens)], BLOCK)

@@ -12,23 +12,10 @@ import torch
 from model import SequenceChunk, from_preset
 from conftest import DEVICE
 from model.decode_graph import DecodeGraphs
-from model_helpers import max_abs, one_thread, tokens  # noqa: F401  (one_thread: autouse)
+from model_helpers import max_abs, one_thread, prefilled  # noqa: F401  (one_thread: autouse)
 
 LOGIT_ATOL = 1e-4  # fp32 logits, max abs (as tests/test_model_forward_batch.py)
 BLOCK = 4
-
-
-def _prefilled(model, lens, slots, num_slots=6):
-    """A cache with one prefilled sequence a slot; per sequence its ids and block table."""
-    need = [-(-(n + 4) // BLOCK) for n in lens]
-    cache = model.allocate_cache(sum(need) + 2, BLOCK, num_slots)
-    ids, tables, k = [], [], 1  # block 0 never used: pad rows' tables point there
-    for s, n in enumerate(lens):
-        ids.append(tokens(n + 4, 10 + s))
-        tables.append(list(range(k, k + need[s])))
-        k += need[s]
-    model.forward_batch([SequenceChunk(i[:n], 0, t, sl) for i, n, t, sl in zip(ids, lens, tables, slots)], cache)
-    return cache, ids, tables
 
 
 def _decode_rows(ids, tables, slots, lens, step):
@@ -42,7 +29,7 @@ def model():
 
 def test_bucket_step_equals_forward_batch(model):
     lens, slots = [9, 14, 5], [4, 0, 2]  # 3 rows in bucket 4: one pad row
-    cache, ids, tables = _prefilled(model, lens, slots)
+    cache, ids, tables = prefilled(model, lens, slots, BLOCK)
     ref_cache = copy.deepcopy(cache)
     for i in (1, 3, 5):  # slots no row owns: a pad row must leave them as they are
         cache.conv_pool[0][i].fill_(float("nan"))
@@ -65,7 +52,7 @@ def test_bucket_step_equals_forward_batch(model):
 
 
 def test_rejects_what_a_bucket_cannot_hold(model):
-    cache, ids, tables = _prefilled(model, [6], [0])
+    cache, ids, tables = prefilled(model, [6], [0], BLOCK)
     graphs = DecodeGraphs(model, cache, max_blocks=2, buckets=(1, 2), use_graphs=False)
     with pytest.raises(ValueError, match="start_pos"):
         graphs.forward([SequenceChunk(ids[0][6:7], 8, tables[0], 0)])  # 9 tokens > 2 blocks of 4
@@ -82,7 +69,7 @@ def test_graph_replay_equals_eager_on_cuda(max_blocks, splits):
     splits K and the graph replays into the plan's preallocated workspace."""
     model = from_preset("tiny", backend="triton", seed=0).to("cuda")
     lens, slots = [9, 14, 5], [4, 0, 2]
-    cache, ids, tables = _prefilled(model, lens, slots)
+    cache, ids, tables = prefilled(model, lens, slots, BLOCK)
     eager_cache = copy.deepcopy(cache)
     graphs = DecodeGraphs(model, cache, max_blocks=max_blocks, use_graphs=True)
     eager = DecodeGraphs(model, eager_cache, max_blocks=max_blocks, use_graphs=False)
@@ -101,7 +88,7 @@ def test_split_k_bucket_runs_in_its_own_workspace(model, monkeypatch):
     import kernels.paged_attention as pa
 
     lens, slots = [9, 14], [1, 0]
-    cache, ids, tables = _prefilled(model, lens, slots)
+    cache, ids, tables = prefilled(model, lens, slots, BLOCK)
     ref_cache = copy.deepcopy(cache)
     graphs = DecodeGraphs(model, cache, max_blocks=300, buckets=(2,), use_graphs=False)
     plan = graphs._bucket(2).attention.plan

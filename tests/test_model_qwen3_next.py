@@ -26,7 +26,7 @@ import torch
 from model import PRESETS, HybridConfig, HybridLM, SequenceChunk, from_preset, load_pretrained, save_pretrained
 from model.engine import Engine
 from model.families import config_from_hf, config_to_hf
-from model_helpers import max_abs, one_thread, perturb_parameters, tokens  # noqa: F401  (one_thread: autouse)
+from model_helpers import max_abs, one_thread, perturb_parameters, prefilled, tokens  # noqa: F401  (one_thread: autouse)
 
 transformers = pytest.importorskip("transformers")
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM  # noqa: E402
@@ -338,14 +338,7 @@ def test_fixed_shape_decode_step_equals_forward_batch(tinies):
 
     model = tinies["triton"]
     lens, slots, block = [9, 14, 5], [4, 0, 2], 4
-    need = [-(-(n + 4) // block) for n in lens]
-    cache = model.allocate_cache(sum(need) + 2, block, 6)
-    ids, tables, k = [], [], 1  # block 0 never used: pad rows' tables point there
-    for s, n in enumerate(lens):
-        ids.append(tokens(n + 4, 10 + s))
-        tables.append(list(range(k, k + need[s])))
-        k += need[s]
-    model.forward_batch([SequenceChunk(i[:n], 0, t, sl) for i, n, t, sl in zip(ids, lens, tables, slots)], cache)
+    cache, ids, tables = prefilled(model, lens, slots, block)
     ref_cache = copy.deepcopy(cache)
     for i in (1, 3, 5):
         cache.conv_pool[0][i].fill_(float("nan"))
