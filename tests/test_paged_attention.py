@@ -24,6 +24,7 @@ from kernels.kv_cache_write import write_kv_cache
 from kernels.paged_attention import paged_attention
 from kernels.reference.paged_attention import paged_attention_ref, write_kv_cache_ref
 from kernels.testing import assert_close, nan_filled
+from kernels.torch_cpu.capability import CpuRoutes
 from kernels.torch_cpu.paged_attention import paged_attention_cpu
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -124,6 +125,75 @@ def test_cpu_path_matches_reference(specs, block_size, num_kv_heads, group, head
     batch = make_batch(specs, block_size=block_size, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
                        dtype=DTYPES[dtype], seed=len(specs) * head_dim + block_size)
     assert_close(paged_attention_cpu(*batch.args()), paged_attention_ref(*batch.args()), DTYPES[dtype], msg=f"{specs}")
+
+
+def runs_batch(seq_len, runs, *, block_size, num_kv_heads, group, head_dim, dtype, seed=0) -> Batch:
+    """One decode row over `seq_len` cached tokens whose block table is `runs` (block counts) of
+    consecutive ids, the runs apart from each other and out of order, every other block NaN."""
+    g = torch.Generator().manual_seed(seed)
+    need = -(-seq_len // block_size)
+    assert sum(runs) == need
+    ids, next_free = [], 3 + 2 * sum(runs)  # the runs placed high to low, a NaN block between them
+    for count in runs:
+        next_free -= count + 1
+        ids += range(next_free, next_free + count)
+    num_blocks = 3 + 2 * sum(runs) + 1
+    table = torch.full((1, need + 2), num_blocks - 1, dtype=torch.int32)  # trailing columns: a NaN block
+    table[0, :need] = torch.tensor(ids, dtype=torch.int32)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    value_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    pos = torch.arange(seq_len)
+    slots = table[0, pos // block_size].long() * block_size + pos % block_size
+    k = torch.randn(seq_len, num_kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(seq_len, num_kv_heads, head_dim, generator=g).to(dtype)
+    write_kv_cache_ref(k, v, key_cache, value_cache, slots)
+    qkv = torch.randn(1, num_kv_heads * (group + 2), head_dim, generator=g).to(dtype)
+    return Batch(qkv[:, : num_kv_heads * group], key_cache, value_cache, table,
+                 torch.tensor([seq_len], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32))
+
+
+RUN_CASES = [
+    # id, seq_len, runs (block counts), block_size, num_kv_heads, group, head_dim, dtype
+    ("one-run-ends-mid-block-g4-fp32", 1000, [63], 16, 1, 4, 64, "fp32"),
+    ("two-runs-g4-bf16", 517, [32, 1], 16, 1, 4, 64, "bf16"),
+    ("four-runs-g3-kv2-fp32", 130, [3, 1, 4, 1], 16, 2, 3, 80, "fp32"),
+    ("one-block-one-token-g1-fp32", 1, [1], 16, 2, 1, 64, "fp32"),
+    ("three-runs-bs1-g2-bf16", 9, [4, 2, 3], 1, 1, 2, 24, "bf16"),
+]
+
+
+@pytest.mark.parametrize("seq_len,runs,block_size,num_kv_heads,group,head_dim,dtype",
+                         [c[1:] for c in RUN_CASES], ids=[c[0] for c in RUN_CASES])
+def test_decode_reads_runs_of_blocks_in_place(seq_len, runs, block_size, num_kv_heads, group, head_dim, dtype,
+                                              monkeypatch):
+    """A decode row whose blocks are a few runs of consecutive ids attends them where they lie (a
+    flash call per run, query heads of a key head as rows, merged by log-sum-exp): same output as
+    the oracle, and the in-place path is the one taken (a fallback to the gather would also pass
+    the comparison)."""
+    batch = runs_batch(seq_len, runs, block_size=block_size, num_kv_heads=num_kv_heads, group=group,
+                       head_dim=head_dim, dtype=DTYPES[dtype], seed=seq_len)
+    calls = []
+    inner = cpu_mod._decode_in_place
+    monkeypatch.setattr(cpu_mod, "_decode_in_place", lambda *a: calls.append(len(a[3])) or inner(*a))
+    monkeypatch.setattr(cpu_mod, "cpu_routes", lambda: CpuRoutes(bf16_attention="native"))  # bf16 read as it lies
+    out = nan_filled(batch.query.shape, batch.query.dtype)
+    paged_attention_cpu(*batch.args(), out=out)
+    assert calls == [len(runs)]
+    assert_close(out, paged_attention_ref(*batch.args()), DTYPES[dtype], msg=f"{runs}")
+
+
+def test_more_runs_than_max_gather_and_agree(monkeypatch):
+    """Past MAX_RUNS runs the row's keys are gathered (one copy) instead; both paths agree with the oracle."""
+    runs = [2] * (cpu_mod.MAX_RUNS + 1)
+    batch = runs_batch(150, runs, block_size=16, num_kv_heads=1, group=4, head_dim=64, dtype=torch.float32)
+    assert cpu_mod._block_runs(batch.block_tables[0, :10].long()) is None
+    assert cpu_mod._block_runs(batch.block_tables[0, :2].long()) == [(int(batch.block_tables[0, 0]), 2)]
+    calls = []
+    monkeypatch.setattr(cpu_mod, "_decode_in_place", lambda *a: calls.append(a))
+    got = paged_attention_cpu(*batch.args())
+    assert calls == []
+    assert_close(got, paged_attention_ref(*batch.args()), torch.float32)
 
 
 SPLIT_CASES = [

@@ -101,6 +101,12 @@ def paged_attention_cpu(
         # block_size x fewer indices (a decode step at 16K context, granite-dense-cpu: the slot
         # gather was the step's largest op after the matmuls).
         blocks = block_tables[s, : -(-seq_len // block_size)].long()
+        runs = _block_runs(blocks) if q_len == 1 and compute == key_cache.dtype and query.device.type == "cpu" else None
+        if runs is not None:
+            o = _decode_in_place(query[q_start : q_start + 1].transpose(0, 1), key_cache, value_cache, runs, seq_len,
+                                 scale)
+            out[q_start : q_start + 1] = o.transpose(0, 1).to(out.dtype)
+            continue
         k = key_cache[blocks].view(-1, num_kv_heads, head_dim)[:seq_len].to(compute).transpose(0, 1)
         v = value_cache[blocks].view(-1, num_kv_heads, head_dim)[:seq_len].to(compute).transpose(0, 1)
 
@@ -114,6 +120,54 @@ def paged_attention_cpu(
             o = _attend_after_prefix(q, k, v, context_len, scale, group)
         out[q_start : q_start + q_len] = o.transpose(0, 1).to(out.dtype)
     return out
+
+
+MAX_RUNS = 4  # runs of consecutive block ids a decode row reads in place (a flash call each); more: one gather
+
+
+def _block_runs(blocks: torch.Tensor) -> list[tuple[int, int]] | None:
+    """(first block id, block count) of each run of consecutive ids in `blocks` (1-D, CPU), or None
+    past `MAX_RUNS` runs. A sequence's blocks are mostly allocated in order (a 16K prompt's 1,024
+    blocks from a fresh pool are one run; a warm repeat's are the cold request's run plus its
+    copy-on-write block), so its keys are a few slices of the cache, not a gather."""
+    starts = [0]
+    if blocks.numel() > 1:
+        cuts = torch.nonzero(blocks[1:] != blocks[:-1] + 1).flatten()
+        if cuts.numel() >= MAX_RUNS:
+            return None
+        starts += (cuts + 1).tolist()
+    firsts = blocks[starts].tolist()
+    return [(f, end - start) for f, start, end in zip(firsts, starts, starts[1:] + [blocks.numel()])]
+
+
+def _decode_in_place(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     runs: list[tuple[int, int]], seq_len: int, scale: float) -> torch.Tensor:
+    """One query row over its sequence's keys read where they lie: a flash call per run of
+    consecutive blocks (a view of the cache, no copy), merged by their log-sum-exps in fp32. The
+    query heads of one key head are that call's rows (one row sees every key, so no mask is lost):
+    GQA without repeating K/V. A decode step at 16K context, granite-dense-cpu (4 query heads on
+    1 key head, D 64), fp32, one thread: 1.4 ms against 5.5-6.6 ms for the gather and SDPA with
+    enable_gqa (bf16, native route: 1.2 against 3.6 ms). q (Hq, 1, D) in the cache dtype; returns (Hq, 1, D)."""
+    block_size, num_kv_heads, head_dim = key_cache.shape[1:]
+    num_q_heads = q.shape[0]
+    rows_q = q.reshape(num_kv_heads, num_q_heads // num_kv_heads, head_dim)[None]  # heads h = kv * group + g
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    outs, lses, left = [], [], seq_len
+    for first, count in runs:
+        rows = min(count * block_size, left)
+        left -= rows
+        k = key_cache[first : first + count].view(-1, num_kv_heads, head_dim)[:rows].transpose(0, 1)
+        v = value_cache[first : first + count].view(-1, num_kv_heads, head_dim)[:rows].transpose(0, 1)
+        o, lse = flash(rows_q, k[None], v[None], 0.0, False, scale=scale)
+        outs.append(o)
+        lses.append(lse)
+    if len(outs) == 1:
+        o = outs[0]
+    else:
+        lse = torch.stack(lses)
+        w = torch.exp(lse - lse.amax(dim=0))[..., None]
+        o = (torch.stack(outs).float() * w).sum(dim=0) / w.sum(dim=0)
+    return o[0].reshape(num_q_heads, 1, head_dim).to(q.dtype)
 
 
 def _attend_after_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float,
