@@ -20,9 +20,8 @@ from torch import nn
 
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
-from model.linear import linear
 from model.mlp import ReluSquaredMLP, relu_squared, relu_squared_
-from model.moe import sorted_expert_mlps, use_grouped_mm
+from model.moe import sorted_expert_mlps, use_grouped_mm, weighted_expert_rows
 
 
 class SigmoidGroupedTopKRouter(nn.Module):
@@ -85,7 +84,8 @@ class ReluSquaredExperts(nn.Module):
                                     relu_squared, grouped)
             weighted = ys * sorted_weights  # model dtype * fp32 -> fp32
         else:
-            weighted = self._expert_loop(x, token, sorted_experts, sorted_weights)
+            weighted = weighted_expert_rows(x, token, sorted_experts, sorted_weights, self.up_proj, self.down_proj,
+                                            relu_squared_)
         # back to (token, k) order: pair t*k + j sits at row inverse[t, j] of the sorted ones; the k
         # rows are added in top-k order, the sum of a (T, k, hidden) view's dim 1, bit for bit
         inverse = torch.empty_like(order)
@@ -95,27 +95,6 @@ class ReluSquaredExperts(nn.Module):
         for j in range(1, k):
             out += weighted.index_select(0, inverse[:, j])
         return out.to(x.dtype)
-
-    def _expert_loop(self, x: torch.Tensor, token: torch.Tensor, sorted_experts: torch.Tensor,
-                     sorted_weights: torch.Tensor) -> torch.Tensor:
-        """The (T*k, hidden) fp32 weighted expert outputs in expert order, one matmul pair an expert
-        (`sorted_expert_mlps`' loop), each expert gathering its own tokens and weighting its rows
-        while they are in cache: no (T*k, hidden) gathered input, no second weighted copy."""
-        out = torch.empty(token.numel(), x.shape[1], dtype=torch.float32, device=x.device)
-        pieces = [] if torch.is_grad_enabled() else None  # out= records no gradient: concatenate then
-        start = 0
-        # one host read a layer (free on the CPU; on a GPU only where grouped matmuls do not run)
-        for e, n in enumerate(torch.bincount(sorted_experts, minlength=self.up_proj.shape[0]).tolist()):
-            if n:
-                rows = slice(start, start + n)
-                ye = linear(relu_squared_(linear(x.index_select(0, token[rows]), self.up_proj[e])),
-                            self.down_proj[e])
-                if pieces is None:
-                    torch.mul(ye, sorted_weights[rows], out=out[rows])
-                else:
-                    pieces.append(ye * sorted_weights[rows])
-                start += n
-        return out if pieces is None else torch.cat(pieces) if pieces else out
 
 
 class NemotronHMoE(nn.Module):
