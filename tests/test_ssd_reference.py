@@ -203,6 +203,24 @@ def test_conv_cpu_matches_oracle(W, activation, dtype):
     assert torch.equal(out.final_states, ref.final_states) and torch.equal(out.captured_states, ref.captured_states)
 
 
+@pytest.mark.parametrize("tile", [1, 2, 3, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_conv_cpu_tiles_match_oracle(tile, dtype, monkeypatch):
+    """Tiles of rows shorter than the window (1, 2 < W-1 = 3), at it and past it: each tile reads its
+    W-1 rows of history from the tokens before it or the initial state."""
+    import kernels.torch_cpu.conv1d as conv_mod
+
+    lens, offsets = [1, 40, 2, 11], [[], [1, 2, 20, 39], [1], [3, 10]]
+    inp = make_conv_inputs(lens, D=24, W=4, dtype=dtype, seed=9)
+    whole = causal_conv1d_cpu(**inp, capture_offsets=offsets)
+    monkeypatch.setattr(conv_mod, "TILE_ROWS", tile)
+    out = causal_conv1d_cpu(**inp, capture_offsets=offsets)
+    ref = causal_conv1d_ref(**inp, capture_offsets=offsets)
+    assert_close(out.y, ref.y, dtype, "y")
+    assert_close(out.y, whole.y, dtype, "y, one tile")  # not bit-equal: a vector loop's tail skips FMA
+    assert torch.equal(out.final_states, ref.final_states) and torch.equal(out.captured_states, ref.captured_states)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_conv_decode_cpu_matches_oracle(dtype):
     inp = make_conv_inputs([1] * 3, D=24, dtype=dtype, seed=6)
@@ -252,6 +270,25 @@ BAD_SSD = [
     ("cu-float", lambda i: {"cu_seqlens": i["cu_seqlens"].float()}, "cu_seqlens"),
     ("dt-limit", lambda i: {"dt_limit": (1.0, 0.5)}, "dt_limit"),
 ]
+
+
+@pytest.mark.parametrize("chunks_per_group", [1, 2, 3])
+def test_chunked_carries_the_state_across_chunk_groups(chunks_per_group, monkeypatch):
+    """The chunked scan works through its chunks a group at a time (`_GROUP_ELEMS` bounds a group's
+    decay tensor: hundreds of chunks at the test shapes, so no other case spans two groups); the
+    state leaving one group enters the next, sequences and captures straddling group edges."""
+    import kernels.torch_cpu.ssd as ssd_mod
+
+    H, L = 4, 16
+    monkeypatch.setattr(ssd_mod, "_GROUP_ELEMS", chunks_per_group * H * L * L)
+    lens, offsets = [70, 33, 16], [[5, 16, 17, 48, 69], [32], [8]]
+    inp = make_ssd_inputs(lens, H, 8, 2, 8, seed=21)
+    inp["initial_states"] = torch.randn(len(lens), H, 8, 8, generator=torch.Generator().manual_seed(3))
+    ref = ssd_scan_sequential(**inp, capture_offsets=offsets)
+    out = ssd_scan_chunked(**inp, capture_offsets=offsets, chunk_size=L)
+    assert_close(out.y, ref.y, F32, "y")
+    assert_close(out.final_states, ref.final_states, F32, "final")
+    assert_close(out.captured_states, ref.captured_states, F32, "captured")
 
 
 def bad_ssd_inputs():

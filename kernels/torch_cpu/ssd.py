@@ -133,17 +133,25 @@ def ssd_scan_chunked(
         torch.mul(xg5.transpose(1, 2), w.view(nb, L, G, Hg, 1).transpose(1, 2), out=xw.view(nb, G, L, Hg, P))
         chunk_states = torch.matmul(Bg.permute(0, 2, 3, 1), xw)  # (nb, G, N, Hg*P)
 
-        # inter-chunk recurrence: sequential over chunks, elementwise on one state
+        # inter-chunk recurrence: sequential over chunks, elementwise on one state. The state after
+        # chunk i is written straight into entering[i + 1] (row nb: after the group's last chunk),
+        # two passes over it a chunk instead of a copy, a product into a new tensor and an add:
+        # 10 scans of a 16K-token granite-small-cpu prefill ran 1,280 chunks of 256 KB states.
         decay_chunk = torch.exp(dA[:, -1]).reshape(nb, G, 1, Hg, 1)
-        entering = torch.empty(nb, G, N, Hg * P, dtype=torch.float32, device=dev)
+        entering = torch.empty(nb + 1, G, N, Hg * P, dtype=torch.float32, device=dev)
         for i in range(nb):
             c = c0 + i
             s = table.seq[c]
             if c == table.seq_chunks[s]:  # first chunk of a sequence
-                state = (to_np(initial_states[s]).clone() if initial_states is not None
-                         else torch.zeros(G, N, Hg * P, dtype=torch.float32, device=dev))
-            entering[i] = state
-            state = (state.view(G, N, Hg, P) * decay_chunk[i]).view(G, N, Hg * P).add_(chunk_states[i])
+                if initial_states is not None:
+                    entering[i] = to_np(initial_states[s])
+                else:
+                    entering[i].zero_()
+            elif i == 0:
+                entering[0] = state  # carried over from the previous group
+            state = entering[i + 1]
+            torch.mul(entering[i].view(G, N, Hg, P), decay_chunk[i], out=state.view(G, N, Hg, P))
+            state.add_(chunk_states[i])
             for k in at_end.get(c, ()):
                 captured[k] = to_hpn(state)
             if c == table.seq_chunks[s + 1] - 1:
@@ -158,7 +166,7 @@ def ssd_scan_chunked(
                 captured[k] = to_hpn(st)
 
         # y from the entering state, exp(dA_i) C_i . state, scaled into head-major (nb, H, L, P)
-        yoff = torch.matmul(Cg, entering).view(nb, G, L, Hg, P)
+        yoff = torch.matmul(Cg, entering[:nb]).view(nb, G, L, Hg, P)
         yh = torch.empty(nb, G, Hg, L, P, dtype=torch.float32, device=dev)
         torch.mul(yoff.transpose(2, 3), torch.exp(dA).view(nb, L, G, Hg, 1).permute(0, 2, 3, 1, 4), out=yh)
 
