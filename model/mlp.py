@@ -10,6 +10,18 @@ from torch import nn
 
 from model.linear import Linear
 
+CPU_ROW_TILE = 2048  # rows a dense MLP runs at a time on the CPU: its (rows, 2I) product and
+# activation stay near the cache instead of streaming (T, 2I) tensors. An 8192-token chunk of
+# granite-dense-cpu's MLP (256 -> 2 x 1024 -> 256), one thread, Intel Xeon (AMX): fp32 102 -> 86 ms,
+# bf16 26 -> 22 ms; 512-1024 rows within 2% of it, 256 slower (bf16 32 ms); outputs equal there (max diff 0).
+
+
+def by_row_tiles(f, x: torch.Tensor) -> torch.Tensor:
+    """f(x) for a row-wise f, computed CPU_ROW_TILE rows at a time on the CPU."""
+    if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] <= CPU_ROW_TILE:
+        return f(x)
+    return torch.cat([f(x[t:t + CPU_ROW_TILE]) for t in range(0, x.shape[0], CPU_ROW_TILE)])
+
 
 class SwiGLU(nn.Module):
     """Bamba's MLP: gate_proj, up_proj, down_proj."""
@@ -21,7 +33,7 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return by_row_tiles(lambda t: self.down_proj(F.silu(self.gate_proj(t)) * self.up_proj(t)), x)
 
 
 def swiglu_halves(gate_up: torch.Tensor) -> torch.Tensor:
@@ -40,7 +52,7 @@ class FusedSwiGLU(nn.Module):
         self.output_linear = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.output_linear(swiglu_halves(self.input_linear(x)))
+        return by_row_tiles(lambda t: self.output_linear(swiglu_halves(self.input_linear(t))), x)
 
 
 def relu_squared(x: torch.Tensor) -> torch.Tensor:
@@ -66,4 +78,4 @@ class ReluSquaredMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(relu_squared_(self.up_proj(x)))
+        return by_row_tiles(lambda t: self.down_proj(relu_squared_(self.up_proj(t))), x)

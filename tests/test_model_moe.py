@@ -1,5 +1,5 @@
 """The MoE layer: sorted dispatch (per-expert loop and grouped matmuls) against a per-token
-reference, and checkpoint tensors stacked from one tensor per expert."""
+reference, checkpoint tensors stacked from one tensor per expert, and the dense MLPs' row tiles on the CPU."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from model import PRESETS, HybridLM, load_pretrained, save_pretrained
 from model.families import FAMILIES, Family, granite
 from model.loading import init_random_weights
 from model.mlp import swiglu_halves
+import model.mlp as mlp_mod
+from model.mlp import FusedSwiGLU, ReluSquaredMLP, SwiGLU
 from model.moe import SoftmaxTopKRouter, expert_offsets, run_experts
 from model_helpers import max_abs, one_thread, tokens  # noqa: F401  (one_thread: autouse)
 
@@ -179,3 +181,22 @@ def test_nemotron_experts_grouped_equal_the_loop_without_host_reads(monkeypatch)
             grouped = experts(x, weights, index)
     assert sorted(set(log.ops) & HOST_READS) == [] and "_grouped_mm" in log.ops
     assert max_abs(grouped, loop) <= FP32_ATOL and loop.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("mlp", ["swiglu", "fused_swiglu", "relu_squared"])
+@pytest.mark.parametrize("tokens", [mlp_mod.CPU_ROW_TILE + 1, 2 * mlp_mod.CPU_ROW_TILE + 37])
+@torch.no_grad()
+def test_dense_mlps_run_in_row_tiles_with_the_untiled_values(mlp, tokens, monkeypatch):
+    """Past CPU_ROW_TILE rows a dense MLP runs a tile at a time (a last partial tile included): the
+    same values as one pass over every row. A tile dropped, doubled or misplaced changes rows."""
+    g = torch.Generator().manual_seed(tokens)
+    module = {"swiglu": lambda: SwiGLU(32, 48, bias=True), "fused_swiglu": lambda: FusedSwiGLU(32, 48),
+              "relu_squared": lambda: ReluSquaredMLP(32, 48, bias=False)}[mlp]()
+    for p in module.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) / 6)
+    x = torch.randn(tokens, 32, generator=g)
+    tiled = module(x)
+    monkeypatch.setattr(mlp_mod, "CPU_ROW_TILE", tokens)  # one tile: the untiled pass
+    whole = module(x)
+    assert tiled.shape == whole.shape == x.shape
+    assert max_abs(tiled, whole) <= 1e-6
