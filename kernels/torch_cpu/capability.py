@@ -9,7 +9,9 @@ because bf16 ran 60x slower on a CPU without AVX512-BF16). Here the routes come 
   "highest"). On the AMD EPYC (AVX-512, AVX512-BF16) of issue 35, MKL took 55 ms for a
   (512 x 256) @ (256 x 2048) product and oneDNN 3.2 ms, one thread (MKL's fastest paths are
   known to check for an Intel CPU); vLLM's CPU backend also runs its unquantized linears through
-  oneDNN (one prepacked handle per weight).
+  oneDNN (one prepacked handle per weight). On an Intel Xeon with AMX (2026-12-07) the two tie
+  (probe 2.6 vs 2.7 ms; 16K prefills of granite-dense-cpu pinned to each: 4.60 / 4.60 s MKL, 4.34 /
+  4.61 s oneDNN CPU), and MKL, torch's default, is kept.
 * `bf16_matmul`: "native" (torch's bf16 GEMM, oneDNN, fp32 accumulation) where the CPU has
   AVX512-BF16 or AMX-BF16 and torch's oneDNN says it supports bf16; "fp32_products" elsewhere (the
   upcast operands' fp32 product rounded once: 15 ms against 963 ms native on the AVX2 laptop).
@@ -18,7 +20,10 @@ because bf16 ran 60x slower on a CPU without AVX512-BF16). Here the routes come 
 * `bf16_attention`: "native" (SDPA's CPU flash kernel on bf16 inputs, fp32 accumulation) where
   the CPU has AMX-BF16 (its tile GEMMs), else "fp32" (inputs upcast). AVX512-BF16 alone does not
   pay: on the EPYC a decode step at 16K context took 18-23 ms of CPU native against 13-17 ms
-  upcast (6 alternating pairs), and a 4096-token causal prefill 398 ms against 404 ms.
+  upcast (6 alternating pairs), and a 4096-token causal prefill 398 ms against 404 ms. On the
+  Intel Xeon with AMX, granite-dense-cpu bf16, a decode step at 16K took 8.2 / 11.4 ms native
+  against 14.6 / 15.0 ms upcast (two alternating pairs, load ~3; since the decode row reads its
+  blocks in place, which only the native route can: the EPYC figures predate that).
 * `allocator`: "reuse" (glibc keeps freed memory: no mmap per large tensor, no trim) where the
   probe finds first-touching a fresh 40 MiB tensor `PAGE_FAULT_RATIO` times slower than
   rewriting a held one; else "default". On the EPYC VM a fresh 32 MiB output cost 100 ms of page
