@@ -207,10 +207,9 @@ class PrefixCache:
             return  # nothing new is full (a decode row, 15 times in 16 at block 16)
         bs, first = self.block_size, lease.num_published_blocks
         full = min(lease.num_computed_tokens // bs, len(block_hashes), len(lease.blocks))
-        for i in range(first, full):
-            if self.pool.publish(lease.blocks[i], block_hashes[i]) and self.token_granular and tokens is not None:
-                self.pool.register_content(lease.blocks[i], _parent(block_hashes, i),
-                                           tokens(i * self.block_size, (i + 1) * self.block_size))
+        if full > first:  # the blocks' tokens fetched once, not per block
+            content = tokens(first * bs, full * bs) if self.token_granular and tokens is not None else None
+            self.pool.publish_run(lease.blocks, block_hashes, first, full, content, bs)
         lease.num_published_blocks = max(lease.num_published_blocks, full)
 
     def release(self, lease: KVLease) -> None:

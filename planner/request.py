@@ -80,6 +80,7 @@ class Request:
     marked_positions: frozenset[int] = frozenset()
     speculative_positions: frozenset[int] = frozenset()
     metrics: RequestMetrics = dataclasses.field(default_factory=RequestMetrics)
+    _prompt_tuple: tuple[int, ...] | None = dataclasses.field(default=None, repr=False)  # `prefix`'s
 
     def __post_init__(self):
         require(len(self.prompt_token_ids) > 0, "prompt_token_ids", f"request {self.request_id!r} has an empty prompt")
@@ -103,6 +104,18 @@ class Request:
         if start >= n:
             return self.output_token_ids[start - n:end - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
+    def prefix(self, end: int) -> tuple[int, ...]:
+        """Tokens [0, end) of prompt + output as a tuple: what a snapshot store keeps of a saved prefix.
+        Handed to a store (and the shadow stores behind its eviction) as is, it is kept without a copy
+        (`SnapshotStore.save`), where each of five stores copied `all_token_ids[:end]` before."""
+        prompt = self._prompt_tuple
+        if prompt is None:  # the prompt as a tuple once: a prefix inside it is then one copy, at its end none
+            prompt = self._prompt_tuple = tuple(self.prompt_token_ids)
+        n = len(prompt)
+        if end >= n:
+            return prompt + tuple(self.output_token_ids[:end - n]) if end > n else prompt
+        return prompt[:end]
 
     def token_at(self, position: int) -> int:
         """Token `position` of prompt + output, without building their list."""

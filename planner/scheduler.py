@@ -241,8 +241,9 @@ class Scheduler:
             budget -= plan.length
 
         # A request preempted by a later row of this tick drops its rows, and is not re-admitted
-        # until the next tick.
-        rows = [row for row in rows if row.request.status is RequestStatus.RUNNING]
+        # until the next tick (only a preemption stops a row's request running here).
+        if preempted:
+            rows = [row for row in rows if row.request.status is RequestStatus.RUNNING]
         admitted: list[Request] = []
         copies: list[tuple[int, int, int]] = []
         while budget > 0 and self.waiting and self.free_slots:

@@ -359,8 +359,11 @@ class SnapshotStore:
                 self.stats.declined += 1
                 return False
             tier = 1
-        if keep_prefix:  # copied only once admitted (no admission reads it; issue 32: 9,145 offers, 1,100 taken)
-            snap.prefix_tokens = tuple(token_ids[:position])
+        if keep_prefix:  # copied only once admitted (no admission reads it; issue 32: 9,145 offers, 1,100 taken);
+            # a tuple of exactly `position` tokens is kept as it is (the engine's `Request.prefix`: one
+            # tuple for this store and shadow_best's four shadows)
+            snap.prefix_tokens = token_ids if type(token_ids) is tuple and len(token_ids) == position \
+                else tuple(token_ids[:position])
         self._make_room(tier, nbytes, now)
         self._set_tier(snap, tier)
         self._lru[(anchor, tail)] = snap

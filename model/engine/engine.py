@@ -417,12 +417,13 @@ class Engine:
         if self.config.decode_snapshot_grid == 1 and self.config.decode_snapshots \
                 and self.config.scheduler.enable_prefix_caching:
             position = req.num_tokens - 1  # the last sampled token never ran
-            held = self.snapshots.refresh(req.all_token_ids, position, req.block_hashes)
+            prefix = req.prefix(position)
+            held = self.snapshots.refresh(prefix, position, req.block_hashes)
             if held is not None:  # an identical repeat's: no copy of a state the store holds (0.3 ms)
                 self._record_save(req, position, held.nbytes)
                 return
-            tracked = (position, self.runner.read_state(slot))
-        if tracked is not None:
+            self._save(req, position, self.runner.read_state(slot), "decode", prefix)
+        elif tracked is not None:
             self._save(req, *tracked, origin="decode")
 
     def _save_snapshots(self, row: ScheduledRow, captured: list[Any]) -> None:
@@ -446,9 +447,10 @@ class Engine:
         if self.config.scheduler.enable_prefix_caching and end in row.request.snapshot_marks:
             self._save(row.request, end, self.runner.read_state(row.request.slot), origin="oracle")
 
-    def _save(self, req: Request, position: int, state: Any, origin: str) -> None:
+    def _save(self, req: Request, position: int, state: Any, origin: str, prefix: tuple | None = None) -> None:
+        """`prefix`: `req.prefix(position)` if the caller has it (one tuple that every store keeps)."""
         state = self.codec.encode(state)  # what the store holds and counts (the state itself by default)
-        if self.snapshots.save(req.all_token_ids, position, state, req.block_hashes,
+        if self.snapshots.save(req.prefix(position) if prefix is None else prefix, position, state, req.block_hashes,
                                flops_saved=self.snapshot_flops(position), origin=origin):
             self._record_save(req, position, int(state.nbytes))
 

@@ -104,8 +104,13 @@ class PlaceholderRunner:
         self.snapshot_nbytes = snapshot_nbytes
         self.check_whole_prefix = check_whole_prefix
         self.slots = [PlaceholderState(0, 0, snapshot_nbytes) for _ in range(num_slots)]
-        self.kv = np.full((num_blocks, block_size), -1, np.int64)  # the token at each position; -1: never written
-        self.kv_hash = np.full((num_blocks, block_size), -1, np.int64)  # the hash of the prefix ending there
+        # the token at each position (-1: never written) and the hash of the prefix ending there, as
+        # (block, offset) arrays over flat `array`s: a chunk writes the arrays, a decode row reads and
+        # writes the `array`s by flat index (a Python int, ~4x cheaper than a NumPy item)
+        self._kv_flat = array("q", [-1]) * (num_blocks * block_size)
+        self._kv_hash_flat = array("q", [-1]) * (num_blocks * block_size)
+        self.kv = np.frombuffer(self._kv_flat, np.int64).reshape(num_blocks, block_size)
+        self.kv_hash = np.frombuffer(self._kv_hash_flat, np.int64).reshape(num_blocks, block_size)
         self.tokens_run = 0
         self._one_hots: dict[int, torch.Tensor] = {}
 
@@ -136,8 +141,8 @@ class PlaceholderRunner:
         """Check each row against its slot and KV, consume its tokens; one-hot logits of the hash.
         A row's `token_ids` is a 1-D tensor or a list of ints (`takes_token_lists`)."""
         logits, captured = [], []
-        bs, kv, kv_hash, slots, vocab, nbytes = (self.block_size, self.kv, self.kv_hash, self.slots, self.vocab_size,
-                                                 self.snapshot_nbytes)
+        bs, kv, kv_hash, slots, vocab, nbytes = (self.block_size, self._kv_flat, self._kv_hash_flat, self.slots,
+                                                 self.vocab_size, self.snapshot_nbytes)
         one_hots = self._one_hots
         for row in rows:
             ids, start = row.token_ids, row.start_pos
@@ -153,16 +158,16 @@ class PlaceholderRunner:
                 raise AssertionError(f"slot {row.state_slot} holds position {state.position}, row starts at {start}")
             if len(table) * bs < start + 1:
                 raise AssertionError("block table too short for the row")
-            if kv_hash.item(table[(start - 1) // bs], (start - 1) % bs) != state.hash:  # (item: no numpy scalar)
+            if kv_hash[table[(start - 1) // bs] * bs + (start - 1) % bs] != state.hash:
                 self._check_prefix(table, start, state.hash)  # raises, naming what is wrong
             token = ids[0]
             h = (state.hash * _BASE + token + 1) % _MOD  # `_roll`
-            b, o = table[start // bs], start % bs
+            at = table[start // bs] * bs + start % bs
             if start < row.kv_cached_len:
-                if kv_hash.item(b, o) != h:
+                if kv_hash[at] != h:
                     raise AssertionError(f"cached KV at position {start} holds another prefix")
             else:
-                kv[b, o], kv_hash[b, o] = token, h
+                kv[at], kv_hash[at] = token, h
             state.position, state.hash, state.nbytes = start + 1, h, nbytes
             self.tokens_run += 1
             out = one_hots.get(h % vocab)
@@ -230,14 +235,17 @@ class PlaceholderRunner:
         # a view; tensor indexing costs 6 us a call, numpy's 0.1 (a list: packed once, as `to_chunks` does)
         tokens = np.frombuffer(array("q", ids), np.int64) if listed else ids.numpy()
         hashes = prefix_hashes(state.hash, tokens)
+        # flat indices block * bs + offset into the arrays' 1-D views: 72 vs 89 us with (block, offset)
+        # pairs for an 8192-token chunk
         pos = np.arange(start, start + n)
-        blocks = np.asarray(table[start // bs:(start + n - 1) // bs + 1], np.int64)[pos // bs - start // bs]
-        offs = pos % bs
+        at = (np.asarray(table[start // bs:(start + n - 1) // bs + 1], np.int64) * bs)[pos // bs - start // bs]
+        at += pos % bs
+        kv, kv_hash = self.kv.reshape(-1), self.kv_hash.reshape(-1)  # views (contiguous)
         k = min(max(row.kv_cached_len - start, 0), n)  # the first k positions hold cached KV
-        if k and not np.array_equal(self.kv_hash[blocks[:k], offs[:k]], hashes[:k]):
+        if k and not np.array_equal(kv_hash[at[:k]], hashes[:k]):
             raise AssertionError(f"cached KV below {row.kv_cached_len} holds another prefix")
-        self.kv[blocks[k:], offs[k:]] = tokens[k:]
-        self.kv_hash[blocks[k:], offs[k:]] = hashes[k:]
+        kv[at[k:]] = tokens[k:]
+        kv_hash[at[k:]] = hashes[k:]
         row_captured = [PlaceholderState(start + o, int(hashes[o - 1]) if o else state.hash, nbytes)
                         for o in row.capture_offsets]
         h = int(hashes[-1])
