@@ -9,7 +9,7 @@ from torch import nn
 
 from kernels.testing import assert_close
 from kernels.torch_cpu.capability import forced_routes
-from model.linear import ONEDNN_MIN_ROWS, Linear, linear, native_half_matmuls
+from model.linear import EXACT_ROWS, ONEDNN_MIN_ROWS, Linear, _rows_padded, linear, native_half_matmuls, padded_rows
 
 onednn = pytest.mark.skipif(not hasattr(torch.ops.mkldnn, "_linear_pointwise")
                             or not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -103,3 +103,53 @@ def test_training_keeps_autograd_on_the_onednn_route():
     with forced_routes(fp32_matmul="onednn"):
         layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_padded_rows_are_eight_sizes_an_octave_and_never_fewer_rows():
+    sizes = [padded_rows(r) for r in range(1, 4097)]
+    assert sizes[:EXACT_ROWS] == list(range(1, EXACT_ROWS + 1))  # decode-sized products as they are
+    for r, p in zip(range(1, 4097), sizes):
+        assert r <= p <= r * 9 / 8, (r, p)
+        assert padded_rows(p) == p  # a padded size is its own bucket
+    for b in range(5, 12):  # rows in (2^b, 2^(b+1)]: 8 sizes, the octave's top included
+        assert len({padded_rows(r) for r in range(2**b + 1, 2 ** (b + 1) + 1)}) == 8
+    assert sizes == sorted(sizes)
+
+
+@pytest.mark.parametrize("shape", [(17, 40), (441, 96), (3, 67, 40)])
+def test_products_run_on_padded_rows_and_return_the_real_ones(shape):
+    """The rows reach the product padded with zero rows to `padded_rows`; the caller gets its own
+    rows, in its own shape, equal to the unpadded product."""
+    g = torch.Generator().manual_seed(shape[0])
+    x = torch.randn(*shape, generator=g)
+    w, b = torch.randn(24, shape[-1], generator=g), torch.randn(24, generator=g)
+    seen = []
+
+    def product(a, w_, b_):
+        seen.append(a.clone())
+        return F.linear(a, w_, b_)
+
+    got = _rows_padded(product, x, w, b)
+    rows = x.numel() // shape[-1]
+    assert seen[0].shape == (padded_rows(rows), shape[-1]) and padded_rows(rows) > rows
+    assert torch.equal(seen[0][:rows], x.reshape(rows, -1)) and not seen[0][rows:].any()
+    assert got.shape == (*shape[:-1], 24)
+    assert torch.allclose(got, F.linear(x, w, b), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("route", ["bf16_native", "fp32_onednn"])
+def test_routes_pad_their_rows(route, monkeypatch):
+    """Both oneDNN routes go through the padding (a kernel built per row count otherwise)."""
+    import model.linear as linear_mod
+
+    if route == "fp32_onednn" and not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        pytest.skip("torch built without oneDNN")
+    calls = []
+    inner = linear_mod._rows_padded
+    monkeypatch.setattr(linear_mod, "_rows_padded", lambda *a: calls.append(a[1].shape) or inner(*a))
+    dtype = torch.bfloat16 if route == "bf16_native" else torch.float32
+    x, w = torch.randn(300, 64).to(dtype), torch.randn(32, 64).to(dtype)
+    forced = dict(bf16_matmul="native") if route == "bf16_native" else dict(fp32_matmul="onednn")
+    with torch.no_grad(), forced_routes(**forced):
+        out = linear(x, w)
+    assert calls == [(300, 64)] and out.shape == (300, 32)
