@@ -371,20 +371,23 @@ class Engine:
         all_forced = self._forced
         for row, row_logits, row_captured in zip(rows, result.logits, result.captured):
             req, plan = row.request, row.plan
-            if plan is not None:
-                self._save_snapshots(row, row_captured)
-            elif req.snapshot_marks:
-                self._save_marked_decode_state(row)
-            produces_token = plan is None or plan.is_last
+            if plan is None:  # a decode row (~4 million on a whole trace): it always produces a token
+                if req.snapshot_marks:
+                    self._save_marked_decode_state(row)
+                forced, k = all_forced.get(req.request_id), len(req.output_token_ids)
+                sampled[req.request_id] = forced[k] if forced is not None and k < len(forced) \
+                    else int(torch.argmax(row_logits))
+                continue
+            self._save_snapshots(row, row_captured)
             token = None
-            if produces_token:
+            if plan.is_last:
                 forced, k = all_forced.get(req.request_id), len(req.output_token_ids)
                 token = forced[k] if forced is not None and k < len(forced) else int(torch.argmax(row_logits))
+                # the prompt's last token only: a preempted request's recompute ends at its last output
+                # token, whose logits are another position's (the fuzz's seed 1000 compared those)
+                if self.config.keep_prompt_logits and not req.output_token_ids:
+                    self.prompt_logits[req.request_id] = row_logits.detach().clone()
             sampled[req.request_id] = token
-            # the prompt's last token only: a preempted request's recompute ends at its last output
-            # token, whose logits are another position's (the fuzz's seed 1000 compared those)
-            if produces_token and plan is not None and self.config.keep_prompt_logits and not req.output_token_ids:
-                self.prompt_logits[req.request_id] = row_logits.detach().clone()
         return sampled
 
     def _stamp_times(self, rows: list[ScheduledRow], finished: list[Request]) -> None:

@@ -144,6 +144,7 @@ class PlaceholderRunner:
         bs, kv, kv_hash, slots, vocab, nbytes = (self.block_size, self._kv_flat, self._kv_hash_flat, self.slots,
                                                  self.vocab_size, self.snapshot_nbytes)
         one_hots = self._one_hots
+        decoded = 0  # decode rows run inline (added to tokens_run once)
         for row in rows:
             ids, start = row.token_ids, row.start_pos
             if type(ids) is not list or len(ids) != 1 or not start or self.check_whole_prefix:
@@ -169,10 +170,11 @@ class PlaceholderRunner:
             else:
                 kv[at], kv_hash[at] = token, h
             state.position, state.hash, state.nbytes = start + 1, h, nbytes
-            self.tokens_run += 1
+            decoded += 1
             out = one_hots.get(h % vocab)
             logits.append(out if out is not None else self._one_hot(h % vocab))
             captured.append([])
+        self.tokens_run += decoded
         return BatchOutput(logits, captured)
 
     def _one_hot(self, token: int) -> torch.Tensor:
