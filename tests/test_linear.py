@@ -153,3 +153,22 @@ def test_routes_pad_their_rows(route, monkeypatch):
     with torch.no_grad(), forced_routes(**forced):
         out = linear(x, w)
     assert calls == [(300, 64)] and out.shape == (300, 32)
+
+
+@pytest.mark.parametrize("shape", [(1, 96), (1, 1, 96)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_one_row_half_product_is_a_matrix_vector_product(shape, with_bias, monkeypatch):
+    """A decode step's one-row bf16 product on the native route goes through torch.mv (oneDNN's
+    GEMM costs more per call there): the caller's shape, the bias added, within bf16's tolerance
+    of the float64 product."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(*shape, generator=g).bfloat16()
+    w, b = torch.randn(70, 96, generator=g).bfloat16(), torch.randn(70, generator=g).bfloat16()
+    bias = b if with_bias else None
+    calls = []
+    mv = torch.mv
+    monkeypatch.setattr(torch, "mv", lambda *a: calls.append(a[1].shape) or mv(*a))
+    with torch.no_grad(), forced_routes(bf16_matmul="native"):
+        got = linear(x, w, bias)
+    assert calls == [(96,)] and got.shape == (*shape[:-1], 70) and got.dtype == torch.bfloat16
+    assert_close(got, _float64_product(x, w, bias).to(torch.bfloat16), torch.bfloat16, "one-row bf16 vs float64")
