@@ -213,22 +213,10 @@ class Scheduler:
         cfg = self.config
         holders = list(self.running)
         budget = cfg.tick_budget - len(holders)
-        rows: list[ScheduledRow] = []
         preempted: list[Request] = []
+        rows = self._decode_rows(holders, preempted)
 
-        running, bs = RequestStatus.RUNNING, cfg.block_size
-        for req in holders:  # decode rows, paid for by their reservation (`is_decoding`, `token_at` inlined)
-            if req.status is not running or req.prefill is not None:
-                continue
-            lease = req.lease
-            pos = lease.num_computed_tokens
-            # (a new block once per block_size tokens: the capacity test spares the call otherwise)
-            if pos >= len(lease.blocks) * bs and not self._grow_or_preempt(req, pos + 1, preempted):
-                continue
-            prompt = req.prompt_token_ids
-            token = prompt[pos] if pos < len(prompt) else req.output_token_ids[pos - len(prompt)]
-            rows.append(ScheduledRow(req, pos, [token], lease.num_cached_tokens, None))
-
+        running = RequestStatus.RUNNING
         for req in holders:  # prefill chunks of requests already admitted, FIFO
             if budget <= 0:
                 break
@@ -267,6 +255,24 @@ class Scheduler:
             budget -= plan.length
 
         return SchedulerOutput(self.tick, rows, preempted, len(holders), admitted, copies)
+
+    def _decode_rows(self, holders: list[Request], preempted: list[Request]) -> list[ScheduledRow]:
+        """A row for each decoding holder, paid for by its reservation (`is_decoding`, `token_at`
+        inlined); one that needs a block it cannot get is preempted (or preempts, `_grow_or_preempt`)."""
+        rows: list[ScheduledRow] = []
+        running, bs = RequestStatus.RUNNING, self.config.block_size
+        for req in holders:
+            if req.status is not running or req.prefill is not None:
+                continue
+            lease = req.lease
+            pos = lease.num_computed_tokens
+            # (a new block once per block_size tokens: the capacity test spares the call otherwise)
+            if pos >= len(lease.blocks) * bs and not self._grow_or_preempt(req, pos + 1, preempted):
+                continue
+            prompt = req.prompt_token_ids
+            token = prompt[pos] if pos < len(prompt) else req.output_token_ids[pos - len(prompt)]
+            rows.append(ScheduledRow(req, pos, [token], lease.num_cached_tokens, None))
+        return rows
 
     def _prefill_row(self, req: Request, plan: ChunkPlan, restore: Snapshot | None = None) -> ScheduledRow:
         """The row of one planned chunk; `restore` is the snapshot its slot starts from (admission only)."""
