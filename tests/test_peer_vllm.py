@@ -81,6 +81,7 @@ def test_our_policy_defaults_to_ours_plus_and_offers_every_online_policy():
 def test_no_vllm_anywhere_is_a_usage_error(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(pv, "DEFAULT_VLLM_VENV_PYTHON", tmp_path / "missing" / "python")
     monkeypatch.setattr(pv.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delenv("PEER_VLLM_PYTHON", raising=False)  # the way the README runs the vLLM tests
     assert pv.default_vllm_python() is None
     ap = pv.parser()
     with pytest.raises(SystemExit):
