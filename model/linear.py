@@ -119,8 +119,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return out.to(x.dtype)
     if route is not None and x.dim() >= 2 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         if x.numel() == x.shape[-1]:  # one row (a decode step): torch's matrix-vector kernel (ONE_ROW_MV)
-            out = torch.mv(weight, x.reshape(-1))
-            return (out if bias is None else out + bias).view(*x.shape[:-1], weight.shape[0])
+            v = x.reshape(-1)
+            out = torch.mv(weight, v) if bias is None else torch.addmv(bias, weight, v)
+            return out.view(*x.shape[:-1], weight.shape[0])
         return _rows_padded(F.linear, x, weight, bias)  # torch's native half GEMM: oneDNN, a kernel per row count
     return F.linear(x, weight, bias)
 

@@ -158,7 +158,7 @@ def test_routes_pad_their_rows(route, monkeypatch):
 @pytest.mark.parametrize("shape", [(1, 96), (1, 1, 96)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_one_row_half_product_is_a_matrix_vector_product(shape, with_bias, monkeypatch):
-    """A decode step's one-row bf16 product on the native route goes through torch.mv (oneDNN's
+    """A decode step's one-row bf16 product on the native route goes through torch.mv / addmv (oneDNN's
     GEMM costs more per call there): the caller's shape, the bias added, within bf16's tolerance
     of the float64 product."""
     g = torch.Generator().manual_seed(7)
@@ -166,8 +166,9 @@ def test_one_row_half_product_is_a_matrix_vector_product(shape, with_bias, monke
     w, b = torch.randn(70, 96, generator=g).bfloat16(), torch.randn(70, generator=g).bfloat16()
     bias = b if with_bias else None
     calls = []
-    mv = torch.mv
+    mv, addmv = torch.mv, torch.addmv
     monkeypatch.setattr(torch, "mv", lambda *a: calls.append(a[1].shape) or mv(*a))
+    monkeypatch.setattr(torch, "addmv", lambda *a: calls.append(a[2].shape) or addmv(*a))  # the bias fused
     with torch.no_grad(), forced_routes(bf16_matmul="native"):
         got = linear(x, w, bias)
     assert calls == [(96,)] and got.shape == (*shape[:-1], 70) and got.dtype == torch.bfloat16
