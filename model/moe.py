@@ -2,10 +2,11 @@
 them; the experts run over the tokens sorted by expert.
 
 Dispatch (`run_experts`): the T*k (token, expert) assignments are argsorted by expert, so each
-expert's tokens form one contiguous slice of the gathered input: one matmul pair per expert (a
-loop over experts, never over tokens), or on a GPU one `torch._grouped_mm` per projection for
-all experts at once, its group offsets computed on the device (no host sync, CUDA-graph
-capturable). The weighted outputs are index_add-ed back onto their tokens.
+expert's assignments form one contiguous slice: one matmul pair per expert, each gathering and
+weighting its own rows (`weighted_expert_rows`: a loop over experts, never over tokens), or on a
+GPU one `torch._grouped_mm` per projection for all experts at once over the gathered input, its
+group offsets computed on the device (`grouped_expert_mlps`: no host sync, CUDA-graph capturable).
+The weighted outputs are index_add-ed back onto their tokens.
 
 A router and an experts module are separate so that families combine them: Granite's router is
 `SoftmaxTopKRouter` with `GatedExperts`; another routing rule (sigmoid scores with a correction
@@ -67,25 +68,14 @@ def expert_offsets(sorted_experts: torch.Tensor, num_experts: int) -> torch.Tens
     return torch.searchsorted(sorted_experts, ids, right=True, out_int32=True)
 
 
-def sorted_expert_mlps(xs: torch.Tensor, sorted_experts: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor,
-                       activation: Callable[[torch.Tensor], torch.Tensor], grouped: bool) -> torch.Tensor:
+def grouped_expert_mlps(xs: torch.Tensor, sorted_experts: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor,
+                        activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """ys[i] = w_out[e] @ activation(w_in[e] @ xs[i]) with e = sorted_experts[i], for assignments
-    sorted by expert: one torch._grouped_mm a projection (`grouped`, offsets on the device: no
-    host sync), else one matmul pair an expert."""
-    num_experts = w_in.shape[0]
-    if grouped:
-        offsets = expert_offsets(sorted_experts, num_experts)
-        hidden = activation(torch._grouped_mm(xs, w_in.transpose(1, 2), offs=offsets))
-        return torch._grouped_mm(hidden, w_out.transpose(1, 2), offs=offsets)
-    ys = xs.new_empty(xs.shape[0], w_out.shape[1])
-    start = 0
-    # The slice bounds are read on the host: one read a layer. On the CPU that is free (the tensor
-    # is there); on a GPU it is a sync, taken only where grouped matmuls do not run (not bf16).
-    for e, n in enumerate(torch.bincount(sorted_experts, minlength=num_experts).tolist()):
-        if n:
-            ys[start:start + n] = linear(activation(linear(xs[start:start + n], w_in[e])), w_out[e])
-            start += n
-    return ys
+    sorted by expert: one torch._grouped_mm a projection, offsets on the device (no host sync).
+    Without grouped matmuls, `weighted_expert_rows` runs one matmul pair an expert."""
+    offsets = expert_offsets(sorted_experts, w_in.shape[0])
+    hidden = activation(torch._grouped_mm(xs, w_in.transpose(1, 2), offs=offsets))
+    return torch._grouped_mm(hidden, w_out.transpose(1, 2), offs=offsets)
 
 
 def weighted_expert_rows(x: torch.Tensor, token: torch.Tensor, sorted_experts: torch.Tensor,
@@ -95,7 +85,7 @@ def weighted_expert_rows(x: torch.Tensor, token: torch.Tensor, sorted_experts: t
     for assignments sorted by expert, in the dtype x and the weights promote to: one matmul pair an
     expert, each expert gathering its own tokens and weighting its rows while they are in cache, so
     no (T*k, H) gathered input and no second pass to weight it. sorted_weights (T*k, 1). The same
-    products as gathering all rows first (`sorted_expert_mlps`) then weighting; on a 16K-token
+    products as gathering all rows first, then weighting them; on a 16K-token
     granite-small-cpu prefill in bf16 (32 experts, top 6, T*k = 49,152 rows a chunk) the two
     (T*k, H) passes took 0.36 s of 3.7 s, one thread."""
     out = torch.empty(token.numel(), w_out.shape[1], device=x.device,
@@ -133,7 +123,7 @@ def run_experts(x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor, w_i
     if grouped is None:
         grouped = use_grouped_mm(x, w_in, w_out)
     if grouped:
-        ys = sorted_expert_mlps(x.index_select(0, token), flat[order], w_in, w_out, activation, grouped)
+        ys = grouped_expert_mlps(x.index_select(0, token), flat[order], w_in, w_out, activation)
         ys = ys * sorted_weights
     else:
         ys = weighted_expert_rows(x, token, flat[order], sorted_weights, w_in, w_out, activation)

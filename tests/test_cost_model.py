@@ -4,7 +4,7 @@ built model, the bytes of its cache; and the numbers quoted in `model/cost.py`'s
 
 What FlopCounterMode sees on the torch backend (CPU), and so what is compared:
 * `mm`/`addmm` (or oneDNN's `_linear_pointwise`, where `model.linear` routes fp32 there): every nn.Linear / F.linear: the Mamba in/out projections, attention q/k/v/o,
-  the MLPs, routers and each expert's slice of tokens (`model.moe.sorted_expert_mlps` loops over
+  the MLPs, routers and each expert's slice of tokens (`model.moe.weighted_expert_rows` loops over
   experts on a CPU), and the LM head on the chunk's last token -> `Flops.matmuls + Flops.head`;
 * `bmm`: the SSD scan's four products (`kernels/torch_cpu/ssd.py`: B^T x, C h, C B^T and its
   product with x). That implementation has its own chunk (64, its default: the torch backend

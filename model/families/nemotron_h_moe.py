@@ -8,7 +8,7 @@ dtype casts and `torch.topk` calls included, so tied router scores pick the same
 The routed experts (`ReluSquaredExperts`) run by sorted token dispatch: the (token, expert)
 pairs are sorted by expert, each expert multiplies its contiguous slice in one matmul (a loop
 over experts, none over tokens; on a GPU in bf16 one `torch._grouped_mm` a projection, with no
-host sync: `model.moe.sorted_expert_mlps`), and each token sums its k weighted outputs in its top-k order
+host sync: `model.moe.grouped_expert_mlps`), and each token sums its k weighted outputs in its top-k order
 in fp32, as transformers' default `grouped_mm` experts do.
 """
 
@@ -21,7 +21,7 @@ from torch import nn
 from kernels.checks import require
 from model.config import HybridConfig, MoEConfig
 from model.mlp import ReluSquaredMLP, relu_squared, relu_squared_
-from model.moe import sorted_expert_mlps, use_grouped_mm, weighted_expert_rows
+from model.moe import grouped_expert_mlps, use_grouped_mm, weighted_expert_rows
 
 
 class SigmoidGroupedTopKRouter(nn.Module):
@@ -80,8 +80,8 @@ class ReluSquaredExperts(nn.Module):
         sorted_experts, sorted_weights = flat[order], weights.reshape(-1)[order, None]
         grouped = use_grouped_mm(x, self.up_proj, self.down_proj)  # GPU bf16: offsets on the device, no sync
         if grouped:
-            ys = sorted_expert_mlps(x.index_select(0, token), sorted_experts, self.up_proj, self.down_proj,
-                                    relu_squared, grouped)
+            ys = grouped_expert_mlps(x.index_select(0, token), sorted_experts, self.up_proj, self.down_proj,
+                                     relu_squared)
             weighted = ys * sorted_weights  # model dtype * fp32 -> fp32
         else:
             weighted = weighted_expert_rows(x, token, sorted_experts, sorted_weights, self.up_proj, self.down_proj,
