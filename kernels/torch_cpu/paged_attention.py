@@ -6,7 +6,9 @@ Contract and layout: `kernels.contracts.paged_attention`; the oracles they are t
 clarity: one gather per sequence, then torch's fused `scaled_dot_product_attention` (its CPU
 flash kernel never materializes the scores; the timing against matmul + softmax is in
 results/LOG.md, 2026-12-01); a prefill chunk over a cached prefix is two such calls without a
-mask (the prefix, then the chunk's causal square) merged by their log-sum-exps. It runs in fp32, except bf16
+mask (the prefix, then the chunk's causal square) merged by their log-sum-exps. A decode row
+skips the gather: its keys are read in place, a flash call per run of consecutive blocks
+(`_decode_in_place`). It runs in fp32, except bf16
 inputs on the `bf16_attention` "native" route (`kernels.torch_cpu.capability`: a CPU with
 AVX512-BF16 or AMX), where the flash kernel takes them as they are and accumulates in fp32.
 """
